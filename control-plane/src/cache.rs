@@ -1,0 +1,134 @@
+//! The versioned resource cache the discovery streams read. Versions are
+//! content hashes: a resource keeps its version while it is unchanged, and a
+//! restarted control plane hands out the same versions for the same content,
+//! so reconnecting delta clients are not sent what they already have.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use minimesh_proto::{prost::Message, prost_types::Any, to_any, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use tokio::sync::watch;
+
+use crate::translate::Resources;
+
+/// One resource as sent.
+#[derive(Debug, PartialEq)]
+pub struct Entry {
+    /// Content version (hex of a 64-bit FNV-1a of the encoding).
+    pub version: String,
+    /// The encoded resource.
+    pub any: Any,
+}
+
+/// Every resource of one type.
+#[derive(Debug, Default, PartialEq)]
+pub struct TypeSnapshot {
+    /// Version of the whole set.
+    pub version: String,
+    /// Resources by name.
+    pub resources: BTreeMap<String, Arc<Entry>>,
+}
+
+/// Every resource of every type, immutable once published.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// By type URL.
+    pub types: BTreeMap<&'static str, Arc<TypeSnapshot>>,
+    /// Increases with every publication that changed anything.
+    pub generation: u64,
+}
+
+impl Snapshot {
+    /// The resources of a type (empty for an unknown type).
+    pub fn get(&self, type_url: &str) -> Option<&Arc<TypeSnapshot>> {
+        self.types.get(type_url)
+    }
+}
+
+/// Holds the current snapshot and tells streams when it changes.
+pub struct Cache {
+    tx: watch::Sender<Arc<Snapshot>>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        let mut snap = Snapshot::default();
+        for t in ALL_TYPES {
+            snap.types.insert(t, Arc::new(TypeSnapshot { version: fnv(&[]), ..Default::default() }));
+        }
+        let (tx, _) = watch::channel(Arc::new(snap));
+        Cache { tx }
+    }
+}
+
+impl Cache {
+    /// A receiver that sees every published snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+
+    /// The current snapshot.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.tx.borrow().clone()
+    }
+
+    /// Publishes `resources`; returns true when anything changed (an
+    /// unchanged set publishes nothing and wakes no stream).
+    pub fn update(&self, resources: &Resources) -> bool {
+        let old = self.current();
+        let mut next = Snapshot {
+            types: BTreeMap::new(),
+            generation: old.generation,
+        };
+        let mut changed = false;
+        for t in ALL_TYPES {
+            let new_type = match t {
+                CLUSTER_TYPE => build(t, &resources.clusters),
+                ENDPOINTS_TYPE => build(t, &resources.endpoints),
+                ROUTE_TYPE => build(t, &resources.routes),
+                _ => unreachable!("ALL_TYPES lists the three types"),
+            };
+            match old.types.get(t) {
+                Some(prev) if prev.version == new_type.version => {
+                    next.types.insert(t, prev.clone());
+                }
+                _ => {
+                    changed = true;
+                    next.types.insert(t, Arc::new(new_type));
+                }
+            }
+        }
+        if changed {
+            next.generation += 1;
+            self.tx.send_replace(Arc::new(next));
+        }
+        changed
+    }
+}
+
+fn build<M: Message>(type_url: &str, items: &BTreeMap<String, M>) -> TypeSnapshot {
+    let mut resources = BTreeMap::new();
+    let mut set = Vec::new();
+    for (name, msg) in items {
+        let any = to_any(type_url, msg);
+        let version = fnv(&any.value);
+        set.extend_from_slice(name.as_bytes());
+        set.push(0);
+        set.extend_from_slice(version.as_bytes());
+        resources.insert(name.clone(), Arc::new(Entry { version, any }));
+    }
+    TypeSnapshot {
+        version: fnv(&set),
+        resources,
+    }
+}
+
+/// Hex FNV-1a 64 of `bytes`: stable across builds and restarts.
+pub fn fnv(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}

@@ -1,0 +1,9 @@
+//! The config model: DestinationRule, Service and EndpointSlice objects, parsed
+//! from YAML documents and validated, with errors that name the file, the
+//! object, the field path and the reason.
+
+pub mod kube;
+pub mod parse;
+pub mod rule;
+
+pub use parse::{parse_documents, ConfigError, Object};

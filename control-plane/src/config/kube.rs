@@ -1,0 +1,166 @@
+//! The Kubernetes kinds minimesh reads for endpoints: `v1` Service and
+//! `discovery.k8s.io/v1` EndpointSlice. Only the fields minimesh uses are
+//! typed; the rest of a real object is ignored, as kubectl would round-trip it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `metadata` of any object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    /// Object name.
+    #[serde(default)]
+    pub name: String,
+    /// Namespace; empty means `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Bumped by the API server on every spec change; 0 locally.
+    #[serde(default)]
+    pub generation: Option<i64>,
+}
+
+impl ObjectMeta {
+    /// The namespace, `default` when unset.
+    pub fn namespace(&self) -> &str {
+        match self.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => ns,
+            _ => "default",
+        }
+    }
+}
+
+/// A Kubernetes `Service`: the ports callers address.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    /// Object metadata.
+    pub metadata: ObjectMeta,
+    /// The service spec.
+    #[serde(default)]
+    pub spec: ServiceSpec,
+}
+
+/// `Service.spec` (the fields minimesh uses).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// Ports of the service.
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    /// Port name; matches the EndpointSlice port of the same name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The port callers use.
+    pub port: u16,
+    /// The pod port (number or name); informational, EndpointSlices carry the real one.
+    #[serde(default)]
+    pub target_port: Option<serde_json::Value>,
+    /// TCP, UDP or SCTP; only TCP is proxied.
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// A `discovery.k8s.io/v1` EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSlice {
+    /// Object metadata; `labels["kubernetes.io/service-name"]` names the Service.
+    pub metadata: ObjectMeta,
+    /// IPv4, IPv6 or FQDN.
+    #[serde(default)]
+    pub address_type: Option<String>,
+    /// The endpoints.
+    #[serde(default)]
+    pub endpoints: Vec<SliceEndpoint>,
+    /// Ports every endpoint of the slice serves.
+    #[serde(default)]
+    pub ports: Vec<SlicePort>,
+}
+
+/// Label naming the Service an EndpointSlice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+impl EndpointSlice {
+    /// The Service this slice belongs to.
+    pub fn service_name(&self) -> Option<&str> {
+        self.metadata
+            .labels
+            .get(SERVICE_NAME_LABEL)
+            .map(String::as_str)
+    }
+}
+
+/// One endpoint (usually a pod) of a slice.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceEndpoint {
+    /// Addresses of the endpoint; the first is used.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// Ready / serving / terminating.
+    #[serde(default)]
+    pub conditions: Conditions,
+    /// The pod behind the endpoint.
+    #[serde(default)]
+    pub target_ref: Option<TargetRef>,
+    /// Locality zone.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Node the pod runs on.
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
+/// Endpoint conditions; an unset condition means true for `ready` and
+/// `serving`, false for `terminating`, as the Kubernetes API defines.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Conditions {
+    /// Ready to receive new traffic.
+    #[serde(default)]
+    pub ready: Option<bool>,
+    /// Serving (may be terminating).
+    #[serde(default)]
+    pub serving: Option<bool>,
+    /// Shutting down.
+    #[serde(default)]
+    pub terminating: Option<bool>,
+}
+
+/// Reference to the object behind an endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct TargetRef {
+    /// Usually `Pod`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Object name.
+    #[serde(default)]
+    pub name: String,
+    /// Object namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+/// A port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct SlicePort {
+    /// Matches the Service port name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The port endpoints listen on.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Protocol.
+    #[serde(default)]
+    pub protocol: Option<String>,
+}

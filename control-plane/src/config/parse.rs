@@ -1,0 +1,318 @@
+//! YAML documents to typed, validated objects.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::kube::{EndpointSlice, Service};
+use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
+
+/// Files larger than this are rejected before parsing: config files are
+/// small, and this bounds what one bad file can make us allocate.
+pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a document (or a whole file) was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// `Kind namespace/name` of the object, when it could be read.
+    pub object: Option<String>,
+    /// Path of the offending field, when there is one.
+    pub field: Option<String>,
+    /// The reason.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(o) = &self.object {
+            write!(f, ": {o}")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ": {field}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Identity of an object: kind, namespace, name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjectKey {
+    /// `DestinationRule`, `Service` or `EndpointSlice`.
+    pub kind: &'static str,
+    /// Namespace (`default` when unset).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// A valid DestinationRule with its resolved settings.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ValidRule {
+    /// The rule as written.
+    pub rule: DestinationRule,
+    /// Settings resolved from it.
+    pub resolved: Resolved,
+    /// Fields accepted without effect yet.
+    pub warnings: Vec<String>,
+}
+
+/// A valid object of one of the kinds minimesh reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A DestinationRule.
+    Rule(Arc<ValidRule>),
+    /// A Service.
+    Service(Arc<Service>),
+    /// An EndpointSlice.
+    Slice(Arc<EndpointSlice>),
+}
+
+/// One document of a file, parsed.
+#[derive(Clone, Debug)]
+pub struct Document {
+    /// The object's identity, when the document got far enough to have one.
+    pub key: Option<ObjectKey>,
+    /// The object, or why it was rejected.
+    pub result: Result<Object, ConfigError>,
+}
+
+/// What reading a file produced: its documents, and notes (ignored kinds).
+#[derive(Clone, Debug, Default)]
+pub struct Parsed {
+    /// Documents of the kinds minimesh reads.
+    pub documents: Vec<Document>,
+    /// Documents skipped on purpose (other kinds), one line each.
+    pub ignored: Vec<String>,
+}
+
+/// Parses every YAML document of a file. Err means the file as a whole could
+/// not be read (bad YAML, too large); a bad document inside a good file is an
+/// `Err` result in its [`Document`].
+pub fn parse_documents(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+    let whole = |reason: String| ConfigError {
+        file: file.to_path_buf(),
+        object: None,
+        field: None,
+        reason,
+    };
+    if text.len() > MAX_FILE_BYTES {
+        return Err(whole(format!(
+            "file is {} bytes, more than the {MAX_FILE_BYTES} minimesh reads",
+            text.len()
+        )));
+    }
+    // YAML 1.2 booleans only: `n` or `on` stay strings, as a name or label value should.
+    let options = serde_saphyr::options! { strict_booleans: true };
+    let values: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
+        .map_err(|e| whole(format!("invalid YAML: {}", first_line(&e.to_string()))))?;
+    let mut parsed = Parsed::default();
+    for (i, value) in values.into_iter().enumerate() {
+        parse_value(file, i, value, &mut parsed, 0);
+    }
+    Ok(parsed)
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or(s).trim().to_string()
+}
+
+fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Parsed, depth: u8) {
+    if value.is_null() {
+        return;
+    }
+    let err = |object: Option<String>, field: Option<String>, reason: String| ConfigError {
+        file: file.to_path_buf(),
+        object,
+        field,
+        reason,
+    };
+    let Some(map) = value.as_object() else {
+        out.documents.push(Document {
+            key: None,
+            result: Err(err(
+                None,
+                None,
+                format!("document {} is not a mapping with apiVersion and kind", index + 1),
+            )),
+        });
+        return;
+    };
+    let api_version = map.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+    let kind = map.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    let meta = map.get("metadata");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
+    let namespace = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default")
+        .to_string();
+    let (kind_static, expected): (&'static str, &[&str]) = match kind {
+        "DestinationRule" => ("DestinationRule", &RULE_API_VERSIONS),
+        "Service" => ("Service", &["v1"]),
+        "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
+        "List" if api_version == "v1" && depth == 0 => {
+            if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
+                for item in items.clone() {
+                    parse_value(file, index, item, out, depth + 1);
+                }
+            }
+            return;
+        }
+        "" => {
+            out.documents.push(Document {
+                key: None,
+                result: Err(err(
+                    None,
+                    Some("kind".into()),
+                    format!("document {} has no kind", index + 1),
+                )),
+            });
+            return;
+        }
+        other => {
+            out.ignored.push(format!(
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, Service, EndpointSlice); ignored",
+                file.display()
+            ));
+            return;
+        }
+    };
+    let object = format!("{kind_static} {namespace}/{name}");
+    let key = ObjectKey {
+        kind: kind_static,
+        namespace,
+        name: name.clone(),
+    };
+    if !expected.contains(&api_version) {
+        out.documents.push(Document {
+            key: Some(key),
+            result: Err(err(
+                Some(object),
+                Some("apiVersion".into()),
+                format!(
+                    "{api_version:?} is not a supported version of {kind_static} (expected {})",
+                    expected.join(", ")
+                ),
+            )),
+        });
+        return;
+    }
+    if name.is_empty() {
+        out.documents.push(Document {
+            key: None,
+            result: Err(err(
+                Some(object),
+                Some("metadata.name".into()),
+                "is required".into(),
+            )),
+        });
+        return;
+    }
+    let result = match kind_static {
+        "DestinationRule" => typed::<DestinationRule>(value).and_then(|r| {
+            let (resolved, warnings) = rule::validate(&r.spec).map_err(|e| (Some(e.field), e.reason))?;
+            Ok(Object::Rule(Arc::new(ValidRule {
+                rule: r,
+                resolved,
+                warnings,
+            })))
+        }),
+        "Service" => typed::<Service>(value).map(|s| Object::Service(Arc::new(s))),
+        _ => typed::<EndpointSlice>(value).and_then(validate_slice).map(|s| Object::Slice(Arc::new(s))),
+    };
+    out.documents.push(Document {
+        key: Some(key),
+        result: result.map_err(|(field, reason)| err(Some(object), field, reason)),
+    });
+}
+
+type FieldResult<T> = Result<T, (Option<String>, String)>;
+
+fn typed<T: DeserializeOwned>(value: serde_json::Value) -> FieldResult<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != ".").then_some(path);
+        (field, e.into_inner().to_string())
+    })
+}
+
+fn validate_slice(s: EndpointSlice) -> FieldResult<EndpointSlice> {
+    if s.service_name().is_none() {
+        return Err((
+            Some(format!("metadata.labels[{:?}]", super::kube::SERVICE_NAME_LABEL)),
+            "is required: it names the Service the slice belongs to".into(),
+        ));
+    }
+    for (i, ep) in s.endpoints.iter().enumerate() {
+        for (j, a) in ep.addresses.iter().enumerate() {
+            if a.parse::<std::net::IpAddr>().is_err() {
+                return Err((
+                    Some(format!("endpoints[{i}].addresses[{j}]")),
+                    format!("{a:?} is not an IP address"),
+                ));
+            }
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(text: &str) -> Result<Object, ConfigError> {
+        let mut p = parse_documents(Path::new("r.yaml"), text).expect("file parses");
+        assert_eq!(p.documents.len(), 1);
+        p.documents.remove(0).result
+    }
+
+    #[test]
+    fn bad_policy_names_field_and_reason() {
+        let e = one(
+            "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: x}\nspec:\n  host: b\n  trafficPolicy:\n    loadBalancer:\n      simple: ROUND_ROBBIN\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("spec.trafficPolicy.loadBalancer.simple"));
+        assert!(e.reason.contains("unknown variant `ROUND_ROBBIN`"), "{}", e.reason);
+        assert_eq!(e.object.as_deref(), Some("DestinationRule default/x"));
+    }
+
+    #[test]
+    fn unknown_field_is_rejected() {
+        let e = one(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: x, namespace: n}\nspec:\n  host: b\n  trafficPolicy:\n    loadBalancr: {}\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("spec.trafficPolicy.loadBalancr"));
+        assert!(e.reason.contains("unknown field"), "{}", e.reason);
+    }
+
+    #[test]
+    fn other_kinds_are_ignored_and_bad_yaml_is_a_file_error() {
+        let p = parse_documents(Path::new("d.yaml"), "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n").expect("parses");
+        assert!(p.documents.is_empty());
+        assert_eq!(p.ignored.len(), 1);
+        let e = parse_documents(Path::new("d.yaml"), "a: [1, 2\n").unwrap_err();
+        assert!(e.reason.starts_with("invalid YAML"), "{}", e.reason);
+        eprintln!("{e}");
+    }
+}

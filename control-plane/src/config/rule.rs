@@ -1,0 +1,606 @@
+//! `DestinationRule`: Istio's spec shape (so an Istio user's YAML works by
+//! changing `apiVersion`, or as is in local mode) plus minimesh's documented
+//! extension fields. Fields are typed and unknown ones rejected, so a typo is
+//! an error that names the field rather than a setting that silently does
+//! nothing.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::kube::ObjectMeta;
+
+/// API groups whose DestinationRule minimesh reads.
+pub const RULE_API_VERSIONS: [&str; 4] = [
+    "minimesh.io/v1alpha1",
+    "networking.istio.io/v1",
+    "networking.istio.io/v1beta1",
+    "networking.istio.io/v1alpha3",
+];
+
+/// Largest ring Envoy builds (`maximum_ring_size` cap); the same here.
+pub const MAX_RING_SIZE: u64 = 8 * 1024 * 1024;
+/// Default `minimumRingSize`, as Envoy's.
+pub const DEFAULT_RING_SIZE: u64 = 1024;
+/// Default Maglev `tableSize`, as Envoy's.
+pub const DEFAULT_MAGLEV_TABLE_SIZE: u64 = 65537;
+/// Largest Maglev table accepted: a prime near 5M keeps the table (4 bytes an
+/// entry) under 20 MiB whatever the input.
+pub const MAX_MAGLEV_TABLE_SIZE: u64 = 5_000_011;
+/// Largest static endpoint weight (Envoy caps weights at 128 per endpoint
+/// for its EDF scheduler precision; we allow more, bounded).
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// A DestinationRule document.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationRule {
+    /// `minimesh.io/v1alpha1` or one of Istio's `networking.istio.io` versions.
+    pub api_version: String,
+    /// Always `DestinationRule`.
+    pub kind: String,
+    /// Object metadata.
+    pub metadata: ObjectMeta,
+    /// The rule.
+    pub spec: RuleSpec,
+}
+
+/// `spec` of a DestinationRule.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleSpec {
+    /// The service the rule applies to: `name`, `name.namespace`, or the FQDN
+    /// `name.namespace.svc.cluster.local`. A short name is taken in the rule's
+    /// namespace.
+    pub host: String,
+    /// Policies for traffic to the host.
+    #[serde(default)]
+    pub traffic_policy: Option<TrafficPolicy>,
+    /// Istio subsets: accepted, not yet used for routing (reported as a warning).
+    #[serde(default)]
+    pub subsets: Vec<serde_json::Value>,
+    /// Istio visibility: accepted; minimesh rules are visible mesh-wide.
+    #[serde(default)]
+    pub export_to: Vec<String>,
+    /// Istio workload selector: accepted, not yet used (warning).
+    #[serde(default)]
+    pub workload_selector: Option<serde_json::Value>,
+}
+
+/// `spec.trafficPolicy`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrafficPolicy {
+    /// How endpoints are picked.
+    #[serde(default)]
+    pub load_balancer: Option<LoadBalancer>,
+    /// Istio connection pool settings: accepted, not yet enforced (warning).
+    #[serde(default)]
+    pub connection_pool: Option<serde_json::Value>,
+    /// Istio outlier detection: accepted, not yet enforced (warning); a
+    /// refused connection always marks its endpoint failing at once.
+    #[serde(default)]
+    pub outlier_detection: Option<serde_json::Value>,
+    /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
+    #[serde(default)]
+    pub tls: Option<serde_json::Value>,
+    /// Istio per-port policies: accepted, not yet used (warning).
+    #[serde(default)]
+    pub port_level_settings: Vec<serde_json::Value>,
+    /// minimesh extension: retries on connect failure.
+    #[serde(default)]
+    pub retries: Option<Retries>,
+    /// minimesh extension: whole-request timeout, e.g. `10s` (default: none).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// minimesh extension: TCP connect timeout, e.g. `1s` (default 1s).
+    #[serde(default)]
+    pub connect_timeout: Option<String>,
+}
+
+/// `spec.trafficPolicy.retries` (minimesh extension).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retries {
+    /// Retries after the first attempt (default 2, at most 10).
+    #[serde(default)]
+    pub attempts: Option<u32>,
+}
+
+/// `spec.trafficPolicy.loadBalancer`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancer {
+    /// A standard policy.
+    #[serde(default)]
+    pub simple: Option<SimpleLb>,
+    /// Consistent hashing (ring hash or Maglev).
+    #[serde(default)]
+    pub consistent_hash: Option<ConsistentHash>,
+    /// Istio locality settings: accepted, not yet used (warning).
+    #[serde(default)]
+    pub locality_lb_setting: Option<serde_json::Value>,
+    /// Istio slow start, e.g. `60s`.
+    #[serde(default)]
+    pub warmup_duration_secs: Option<String>,
+    /// Istio slow start (newer form).
+    #[serde(default)]
+    pub warmup: Option<Warmup>,
+    /// minimesh extension: static endpoint weights, first match wins,
+    /// unmatched endpoints weigh 1.
+    #[serde(default)]
+    pub endpoint_weights: Vec<EndpointWeight>,
+}
+
+/// `loadBalancer.simple` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum SimpleLb {
+    /// Istio: let the proxy choose (minimesh: LEAST_REQUEST).
+    #[serde(rename = "UNSPECIFIED")]
+    Unspecified,
+    /// Weighted round robin with smooth interleaving.
+    #[serde(rename = "ROUND_ROBIN")]
+    RoundRobin,
+    /// Weighted random.
+    #[serde(rename = "RANDOM")]
+    Random,
+    /// Power of two choices on active requests.
+    #[serde(rename = "LEAST_REQUEST")]
+    LeastRequest,
+    /// Alias of LEAST_REQUEST, as in Istio.
+    #[serde(rename = "LEAST_CONN")]
+    LeastConn,
+    /// Istio's PASSTHROUGH: rejected, minimesh always balances.
+    #[serde(rename = "PASSTHROUGH")]
+    Passthrough,
+    /// minimesh extension: P2C on peak EWMA latency × load.
+    #[serde(rename = "PEAK_EWMA")]
+    PeakEwma,
+    /// minimesh extension: weights from the control plane's load view.
+    #[serde(rename = "LOAD_AWARE")]
+    LoadAware,
+}
+
+/// `loadBalancer.consistentHash`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConsistentHash {
+    /// Hash on this request header.
+    #[serde(default)]
+    pub http_header_name: Option<String>,
+    /// Hash on this cookie (set when absent).
+    #[serde(default)]
+    pub http_cookie: Option<HttpCookie>,
+    /// Hash on the caller's address.
+    #[serde(default)]
+    pub use_source_ip: Option<bool>,
+    /// Hash on this query parameter.
+    #[serde(default)]
+    pub http_query_parameter_name: Option<String>,
+    /// Ring hash.
+    #[serde(default)]
+    pub ring_hash: Option<RingHash>,
+    /// Maglev.
+    #[serde(default)]
+    pub maglev: Option<Maglev>,
+    /// Deprecated Istio form of `ringHash.minimumRingSize`.
+    #[serde(default)]
+    pub minimum_ring_size: Option<u64>,
+}
+
+/// `consistentHash.httpCookie`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpCookie {
+    /// Cookie name.
+    pub name: String,
+    /// Cookie path.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Lifetime, e.g. `3600s`.
+    #[serde(default)]
+    pub ttl: Option<String>,
+}
+
+/// `consistentHash.ringHash`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RingHash {
+    /// Minimum number of ring entries (default 1024, at most 8M).
+    #[serde(default)]
+    pub minimum_ring_size: Option<u64>,
+}
+
+/// `consistentHash.maglev`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Maglev {
+    /// Lookup table size, a prime (default 65537).
+    #[serde(default)]
+    pub table_size: Option<u64>,
+}
+
+/// `loadBalancer.warmup`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Warmup {
+    /// Slow-start window, e.g. `60s`.
+    pub duration: String,
+    /// Starting share in percent (Envoy's min_weight_percent).
+    #[serde(default)]
+    pub minimum_percent: Option<f64>,
+    /// Aggression (Envoy's slow-start aggression).
+    #[serde(default)]
+    pub aggression: Option<f64>,
+}
+
+/// One entry of `loadBalancer.endpointWeights`: a selector and a weight.
+/// Exactly one of `pod`, `address` or `labels` selects.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointWeight {
+    /// Pod name; a trailing `*` matches a prefix (`simple-backend-1-*`).
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// Endpoint IP address.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Labels of the EndpointSlice holding the endpoint.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Relative weight, 1 to 1,000,000.
+    pub weight: u32,
+}
+
+/// The policy a valid rule resolves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum Policy {
+    /// Weighted round robin.
+    RoundRobin,
+    /// Weighted random.
+    Random,
+    /// Power of two choices on active requests.
+    LeastRequest,
+    /// Ring hash.
+    RingHash,
+    /// Maglev.
+    Maglev,
+    /// Peak EWMA.
+    PeakEwma,
+    /// Load aware.
+    LoadAware,
+}
+
+impl Policy {
+    /// The name users write.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "ROUND_ROBIN",
+            Policy::Random => "RANDOM",
+            Policy::LeastRequest => "LEAST_REQUEST",
+            Policy::RingHash => "RING_HASH",
+            Policy::Maglev => "MAGLEV",
+            Policy::PeakEwma => "PEAK_EWMA",
+            Policy::LoadAware => "LOAD_AWARE",
+        }
+    }
+}
+
+/// A field-level validation failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, e.g. `spec.trafficPolicy.loadBalancer.simple`.
+    pub field: String,
+    /// Why it is rejected.
+    pub reason: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Settings the sidecar needs, resolved from a valid rule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Resolved {
+    /// The policy.
+    pub policy: Policy,
+    /// Ring size or table size for the hash policies.
+    pub hash_table_size: u64,
+    /// Connect timeout.
+    pub connect_timeout: Option<Duration>,
+    /// Request timeout.
+    pub timeout: Option<Duration>,
+    /// Retries after the first attempt.
+    pub retry_attempts: u32,
+    /// Slow-start window.
+    pub warmup: Option<Duration>,
+}
+
+/// Default retries on connect failure, as Istio's mesh default.
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 2;
+
+/// Checks what serde cannot: value ranges, mutually exclusive fields and
+/// supported combinations. Returns the resolved settings and warnings for
+/// fields that are accepted but have no effect yet.
+pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> {
+    let mut warnings = Vec::new();
+    if spec.host.trim().is_empty() {
+        return Err(FieldError::new("spec.host", "must name a service"));
+    }
+    if spec.host.contains('*') {
+        return Err(FieldError::new(
+            "spec.host",
+            "wildcard hosts are not supported; name one service",
+        ));
+    }
+    if !spec.subsets.is_empty() {
+        warnings.push("spec.subsets: accepted but not used for routing yet".to_string());
+    }
+    if spec.workload_selector.is_some() {
+        warnings.push("spec.workloadSelector: accepted but not used yet; the rule applies to every caller".to_string());
+    }
+    let mut resolved = Resolved {
+        policy: Policy::LeastRequest,
+        hash_table_size: 0,
+        connect_timeout: None,
+        timeout: None,
+        retry_attempts: DEFAULT_RETRY_ATTEMPTS,
+        warmup: None,
+    };
+    let Some(tp) = &spec.traffic_policy else {
+        return Ok((resolved, warnings));
+    };
+    for (set, name) in [
+        (tp.connection_pool.is_some(), "connectionPool"),
+        (tp.outlier_detection.is_some(), "outlierDetection"),
+        (tp.tls.is_some(), "tls"),
+        (!tp.port_level_settings.is_empty(), "portLevelSettings"),
+    ] {
+        if set {
+            warnings.push(format!(
+                "spec.trafficPolicy.{name}: accepted but not enforced yet"
+            ));
+        }
+    }
+    if let Some(t) = &tp.timeout {
+        resolved.timeout = Some(parse_duration(t).map_err(|r| FieldError::new("spec.trafficPolicy.timeout", r))?);
+    }
+    if let Some(t) = &tp.connect_timeout {
+        resolved.connect_timeout = Some(
+            parse_duration(t)
+                .map_err(|r| FieldError::new("spec.trafficPolicy.connectTimeout", r))?,
+        );
+    }
+    if let Some(r) = &tp.retries {
+        if let Some(a) = r.attempts {
+            if a > 10 {
+                return Err(FieldError::new(
+                    "spec.trafficPolicy.retries.attempts",
+                    format!("{a} is more than the maximum of 10"),
+                ));
+            }
+            resolved.retry_attempts = a;
+        }
+    }
+    let Some(lb) = &tp.load_balancer else {
+        return Ok((resolved, warnings));
+    };
+    const LB: &str = "spec.trafficPolicy.loadBalancer";
+    if lb.locality_lb_setting.is_some() {
+        warnings.push(format!("{LB}.localityLbSetting: accepted but not used yet"));
+    }
+    match (&lb.simple, &lb.consistent_hash) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(
+                LB,
+                "set either simple or consistentHash, not both",
+            ))
+        }
+        (Some(simple), None) => {
+            resolved.policy = match simple {
+                SimpleLb::Unspecified | SimpleLb::LeastRequest | SimpleLb::LeastConn => {
+                    Policy::LeastRequest
+                }
+                SimpleLb::RoundRobin => Policy::RoundRobin,
+                SimpleLb::Random => Policy::Random,
+                SimpleLb::PeakEwma => Policy::PeakEwma,
+                SimpleLb::LoadAware => Policy::LoadAware,
+                SimpleLb::Passthrough => {
+                    return Err(FieldError::new(
+                        format!("{LB}.simple"),
+                        "PASSTHROUGH is not supported: minimesh always balances over the service's endpoints",
+                    ))
+                }
+            };
+        }
+        (None, Some(ch)) => {
+            validate_hash(ch, &mut resolved)?;
+        }
+        (None, None) => {}
+    }
+    let warmup = match (&lb.warmup_duration_secs, &lb.warmup) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(
+                LB,
+                "set either warmupDurationSecs or warmup, not both",
+            ))
+        }
+        (Some(d), None) => Some((format!("{LB}.warmupDurationSecs"), d)),
+        (None, Some(w)) => Some((format!("{LB}.warmup.duration"), &w.duration)),
+        (None, None) => None,
+    };
+    if let Some((field, d)) = warmup {
+        let d = parse_duration(d).map_err(|r| FieldError::new(field.clone(), r))?;
+        if !matches!(resolved.policy, Policy::RoundRobin | Policy::LeastRequest) {
+            return Err(FieldError::new(
+                field,
+                "warmup applies to ROUND_ROBIN and LEAST_REQUEST only",
+            ));
+        }
+        resolved.warmup = Some(d);
+        warnings.push(format!("{LB}.warmup: accepted but not enforced yet"));
+    }
+    for (i, w) in lb.endpoint_weights.iter().enumerate() {
+        let field = format!("{LB}.endpointWeights[{i}]");
+        let selectors =
+            w.pod.is_some() as u8 + w.address.is_some() as u8 + (!w.labels.is_empty()) as u8;
+        if selectors != 1 {
+            return Err(FieldError::new(
+                field,
+                "set exactly one of pod, address or labels",
+            ));
+        }
+        if w.weight == 0 || w.weight > MAX_WEIGHT {
+            return Err(FieldError::new(
+                format!("{field}.weight"),
+                format!("{} is out of range 1..={MAX_WEIGHT}", w.weight),
+            ));
+        }
+        if let Some(a) = &w.address {
+            if a.parse::<std::net::IpAddr>().is_err() {
+                return Err(FieldError::new(
+                    format!("{field}.address"),
+                    format!("{a:?} is not an IP address"),
+                ));
+            }
+        }
+    }
+    if !lb.endpoint_weights.is_empty() && resolved.policy == Policy::LoadAware {
+        return Err(FieldError::new(
+            format!("{LB}.endpointWeights"),
+            "LOAD_AWARE computes weights itself; remove endpointWeights or pick another policy",
+        ));
+    }
+    Ok((resolved, warnings))
+}
+
+fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), FieldError> {
+    const CH: &str = "spec.trafficPolicy.loadBalancer.consistentHash";
+    let keys = ch.http_header_name.is_some() as u8
+        + ch.http_cookie.is_some() as u8
+        + ch.use_source_ip.unwrap_or(false) as u8
+        + ch.http_query_parameter_name.is_some() as u8;
+    if keys != 1 {
+        return Err(FieldError::new(
+            CH,
+            "set exactly one hash key: httpHeaderName, httpCookie, useSourceIp or httpQueryParameterName",
+        ));
+    }
+    if let Some(c) = &ch.http_cookie {
+        if c.name.is_empty() {
+            return Err(FieldError::new(format!("{CH}.httpCookie.name"), "must not be empty"));
+        }
+        if let Some(ttl) = &c.ttl {
+            parse_duration(ttl).map_err(|r| FieldError::new(format!("{CH}.httpCookie.ttl"), r))?;
+        }
+    }
+    match (&ch.ring_hash, &ch.maglev) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(CH, "set either ringHash or maglev, not both"))
+        }
+        (None, Some(m)) => {
+            let size = m.table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE);
+            if size > MAX_MAGLEV_TABLE_SIZE || !is_prime(size) {
+                return Err(FieldError::new(
+                    format!("{CH}.maglev.tableSize"),
+                    format!("{size} must be a prime no larger than {MAX_MAGLEV_TABLE_SIZE}"),
+                ));
+            }
+            resolved.policy = Policy::Maglev;
+            resolved.hash_table_size = size;
+        }
+        (ring, None) => {
+            let (field, size) = match (ring.as_ref().and_then(|r| r.minimum_ring_size), ch.minimum_ring_size) {
+                (Some(s), _) => ("ringHash.minimumRingSize", s),
+                (None, Some(s)) => ("minimumRingSize", s),
+                (None, None) => ("ringHash.minimumRingSize", DEFAULT_RING_SIZE),
+            };
+            if size == 0 || size > MAX_RING_SIZE {
+                return Err(FieldError::new(
+                    format!("{CH}.{field}"),
+                    format!("{size} is out of range 1..={MAX_RING_SIZE}"),
+                ));
+            }
+            resolved.policy = Policy::RingHash;
+            resolved.hash_table_size = size;
+        }
+    }
+    Ok(())
+}
+
+fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+/// Parses a protobuf-style duration as Istio writes them: `100ms`, `1.5s`,
+/// `2m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => return Err(format!("{s:?} needs a unit (ms, s, m or h)")),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 100ms, 5s, 1m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{s:?} has unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 30.0 * 24.0 * 3600.0 {
+        return Err(format!("{s:?} must be positive and at most 30 days"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("10d").is_err());
+    }
+
+    #[test]
+    fn primes() {
+        assert!(is_prime(65537));
+        assert!(!is_prime(65536));
+        assert!(is_prime(MAX_MAGLEV_TABLE_SIZE));
+    }
+
+    #[test]
+    fn policy_defaults_to_least_request() {
+        let spec = RuleSpec {
+            host: "a".into(),
+            ..Default::default()
+        };
+        assert_eq!(validate(&spec).map(|r| r.0.policy), Ok(Policy::LeastRequest));
+    }
+}

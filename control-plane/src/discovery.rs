@@ -1,0 +1,5 @@
+//! The aggregated discovery service (state of the world and delta) and the
+//! registry of connected proxies behind the proxy-status view.
+
+pub mod registry;
+pub mod server;

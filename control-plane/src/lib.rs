@@ -1,0 +1,214 @@
+//! The minimesh control plane: reads desired state from a config source,
+//! validates and translates it, and pushes the result to sidecars over the
+//! aggregated discovery stream.
+//!
+//! ```text
+//! source (files) -> Store -> translate -> Cache --(debounce)--> discovery streams
+//! ```
+
+pub mod admin;
+pub mod cache;
+pub mod config;
+pub mod discovery;
+pub mod metrics;
+pub mod source;
+pub mod store;
+pub mod translate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::admin::{Admin, ConfigView};
+use crate::cache::Cache;
+use crate::metrics::Metrics;
+use crate::source::files::FileSource;
+use crate::store::Store;
+
+/// Command-line flags of the `control-plane` binary.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "control-plane", version, about = "minimesh control plane: watches rules and endpoints, pushes config to sidecars")]
+pub struct Args {
+    /// Where desired state comes from. Only `files` (a directory of YAML) is built so far.
+    #[arg(long, env = "MINIMESH_SOURCE", default_value = "files", value_parser = ["files"])]
+    pub source: String,
+    /// Directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
+    #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
+    pub config_dir: PathBuf,
+    /// Address of the discovery (gRPC) server.
+    #[arg(long, env = "MINIMESH_XDS_ADDR", default_value = "127.0.0.1:15010")]
+    pub xds_addr: SocketAddr,
+    /// Address of the admin HTTP server (/healthz, /metrics, /debug/*).
+    #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15014")]
+    pub admin_addr: SocketAddr,
+    /// Quiet window: changes are pushed once nothing changed for this long.
+    #[arg(long, env = "MINIMESH_DEBOUNCE", default_value = "100ms", value_parser = duration)]
+    pub debounce: Duration,
+    /// Upper bound: changes are pushed at most this long after the first one, however busy.
+    #[arg(long, env = "MINIMESH_DEBOUNCE_MAX", default_value = "1s", value_parser = duration)]
+    pub debounce_max: Duration,
+    /// How often the config directory is checked for changes.
+    #[arg(long, env = "MINIMESH_POLL_INTERVAL", default_value = "50ms", value_parser = duration)]
+    pub poll_interval: Duration,
+}
+
+/// Parses a flag duration (`100ms`, `1s`, `2m`).
+pub fn duration(s: &str) -> Result<Duration, String> {
+    config::rule::parse_duration(s)
+}
+
+/// Runs the control plane until SIGINT or SIGTERM.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let cache = Arc::new(Cache::default());
+    let proxies = Arc::new(discovery::registry::Registry::default());
+    let admin = Arc::new(Admin {
+        metrics: registry,
+        proxies: proxies.clone(),
+        snapshots: cache.subscribe(),
+        config: RwLock::new(Arc::new(ConfigView::default())),
+    });
+
+    // Read everything once before serving, so that no sidecar is ever sent a
+    // half-read config.
+    let mut source = FileSource::new(&args.config_dir);
+    if !args.config_dir.is_dir() {
+        warn!(dir = %args.config_dir.display(), "config directory does not exist (yet); serving an empty config until it does");
+    }
+    source.scan();
+    let initial = source.store();
+    publish(&initial, &cache, &admin, &metrics);
+
+    let (store_tx, store_rx) = watch::channel(initial);
+    tokio::spawn(source.run(args.poll_interval, store_tx));
+    tokio::spawn(debounce(store_rx, args.debounce, args.debounce_max, cache.clone(), admin.clone(), metrics.clone()));
+
+    let admin_listener = admin::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding admin address {}", args.admin_addr))?;
+    tokio::spawn(admin::serve(admin_listener, admin.clone()));
+    let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
+        .await
+        .with_context(|| format!("binding discovery address {}", args.xds_addr))?;
+    info!(xds = %args.xds_addr, admin = %args.admin_addr, config_dir = %args.config_dir.display(), "control plane serving");
+
+    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(xds_listener);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .add_service(AggregatedDiscoveryServiceServer::new(discovery))
+        .serve_with_incoming_shutdown(incoming, shutdown_signal())
+        .await
+        .context("discovery server")?;
+    info!("control plane stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn debounce(
+    mut rx: watch::Receiver<Store>,
+    quiet: Duration,
+    max: Duration,
+    cache: Arc<Cache>,
+    admin: Arc<Admin>,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        if rx.changed().await.is_err() {
+            return;
+        }
+        let first = Instant::now();
+        let mut last = first;
+        loop {
+            let deadline = (last + quiet).min(first + max);
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => last = Instant::now(),
+                Ok(Err(_)) => return,
+                Err(_) => break,
+            }
+        }
+        let store = rx.borrow_and_update().clone();
+        publish(&store, &cache, &admin, &metrics);
+        metrics.debounce_seconds.observe(first.elapsed().as_secs_f64());
+    }
+}
+
+fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics) {
+    let (resources, status) = translate::translate(store);
+    let changed = cache.update(&resources);
+    if changed {
+        metrics.config_updates.inc();
+    }
+    metrics.config_errors.set(store.errors.len() as i64);
+    for (key, st) in &status {
+        if !st.accepted {
+            warn!(rule = %key, reason = st.reason, "{}", st.message);
+        }
+    }
+    let rules = store
+        .rules
+        .iter()
+        .map(|(key, (rule, origin))| {
+            let st = status.get(key);
+            json!({
+                "namespace": key.namespace,
+                "name": key.name,
+                "file": origin,
+                "host": rule.rule.spec.host,
+                "policy": rule.resolved.policy.as_str(),
+                "accepted": st.is_none_or(|s| s.accepted),
+                "reason": st.map_or("Accepted", |s| s.reason.as_str()),
+                "message": st.map_or("", |s| s.message.as_str()),
+                "clusters": st.map(|s| s.clusters.clone()).unwrap_or_default(),
+                "warnings": rule.warnings,
+            })
+        })
+        .collect();
+    admin.set_config(ConfigView {
+        rules,
+        errors: store.errors.clone(),
+        warnings: store.warnings.clone(),
+        synced: true,
+    });
+    info!(
+        changed,
+        clusters = resources.clusters.len(),
+        routes = resources.routes.len(),
+        rules = store.rules.len(),
+        errors = store.errors.len(),
+        "config translated"
+    );
+}

@@ -1,0 +1,75 @@
+//! Control-plane metrics, registered on the registry the admin server encodes.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::discovery::registry::short_type;
+
+/// Label set naming a resource type.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    /// Short type name (`Cluster`, `ClusterLoadAssignment`, `Route`).
+    pub r#type: String,
+}
+
+/// Every control-plane metric.
+pub struct Metrics {
+    /// Connected discovery streams.
+    pub connected: Gauge,
+    /// Responses sent, by type.
+    pub pushes: Family<TypeLabel, Counter>,
+    /// NACKs received, by type.
+    pub nacks: Family<TypeLabel, Counter>,
+    /// Config changes that produced new resources.
+    pub config_updates: Counter,
+    /// Rejected objects in the current config.
+    pub config_errors: Gauge,
+    /// Seconds from the first change of a debounce window to publication.
+    pub debounce_seconds: Histogram,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (names get the `minimesh_` prefix).
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            connected: Gauge::default(),
+            pushes: Family::default(),
+            nacks: Family::default(),
+            config_updates: Counter::default(),
+            config_errors: Gauge::default(),
+            debounce_seconds: Histogram::new([0.01, 0.05, 0.1, 0.15, 0.2, 0.5, 1.0, 2.0]),
+        };
+        let r = registry.sub_registry_with_prefix("minimesh");
+        r.register("xds_connected_proxies", "Connected discovery streams", m.connected.clone());
+        r.register("xds_pushes", "Discovery responses sent, by type", m.pushes.clone());
+        r.register("xds_nacks", "Discovery responses rejected by proxies, by type", m.nacks.clone());
+        r.register("config_updates", "Config changes that produced new resources", m.config_updates.clone());
+        r.register("config_errors", "Rejected objects in the current config", m.config_errors.clone());
+        r.register(
+            "config_debounce_seconds",
+            "Time from the first change in a debounce window to publication",
+            m.debounce_seconds.clone(),
+        );
+        m
+    }
+
+    /// Counts a push of `type_url`.
+    pub fn push(&self, type_url: &str) {
+        self.pushes.get_or_create(&label(type_url)).inc();
+    }
+
+    /// Counts a NACK of `type_url`.
+    pub fn nack(&self, type_url: &str) {
+        self.nacks.get_or_create(&label(type_url)).inc();
+    }
+}
+
+fn label(type_url: &str) -> TypeLabel {
+    TypeLabel {
+        r#type: short_type(type_url).to_string(),
+    }
+}

@@ -1,0 +1,69 @@
+//! The validated desired state every config source feeds: rules, services,
+//! endpoint slices, and the errors and warnings found on the way.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::kube::{EndpointSlice, Service};
+use crate::config::parse::{ObjectKey, ValidRule};
+use crate::config::{ConfigError, Object};
+
+/// Where an object came from: a file path locally, `kubernetes` otherwise.
+pub type Origin = PathBuf;
+
+/// Desired state, rebuilt by a source whenever its input changes.
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    /// Valid rules (the last good version of each).
+    pub rules: BTreeMap<ObjectKey, (Arc<ValidRule>, Origin)>,
+    /// Services.
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
+    /// Endpoint slices.
+    pub slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    /// Rejected input; the previous good version of each object stays in force.
+    pub errors: Vec<ConfigError>,
+    /// Accepted input with a caveat (fields without effect, ignored kinds).
+    pub warnings: Vec<String>,
+}
+
+impl Store {
+    /// Adds an object from `origin`; a second definition of the same object
+    /// is rejected with an error naming both places.
+    pub fn insert(&mut self, key: ObjectKey, object: Object, origin: &Origin) {
+        let duplicate = |first: &Origin| ConfigError {
+            file: origin.clone(),
+            object: Some(key.to_string()),
+            field: Some("metadata.name".into()),
+            reason: format!("already defined in {}; this definition is ignored", first.display()),
+        };
+        match object {
+            Object::Rule(r) => {
+                if let Some((_, first)) = self.rules.get(&key) {
+                    self.errors.push(duplicate(first));
+                } else {
+                    self.warnings.extend(
+                        r.warnings
+                            .iter()
+                            .map(|w| format!("{}: {key}: {w}", origin.display())),
+                    );
+                    self.rules.insert(key, (r, origin.clone()));
+                }
+            }
+            Object::Service(s) => {
+                if self.services.contains_key(&key) {
+                    self.errors.push(duplicate(origin));
+                } else {
+                    self.services.insert(key, s);
+                }
+            }
+            Object::Slice(s) => {
+                if self.slices.contains_key(&key) {
+                    self.errors.push(duplicate(origin));
+                } else {
+                    self.slices.insert(key, s);
+                }
+            }
+        }
+    }
+}

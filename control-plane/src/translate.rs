@@ -1,0 +1,342 @@
+//! Translation: a pure function from the desired state ([`Store`]) to the
+//! resources sidecars consume, plus the status of every rule.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use minimesh_proto::v1::{
+    self, hash_key, Cluster, ClusterLoadAssignment, Endpoint, HashKey, HealthStatus, LbPolicy,
+    PortCluster, Route,
+};
+use serde::Serialize;
+
+use crate::config::kube::{EndpointSlice, SliceEndpoint};
+use crate::config::parse::{ObjectKey, ValidRule};
+use crate::config::rule::{self, Policy};
+use crate::store::Store;
+
+/// Everything sidecars are sent, by resource name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resources {
+    /// Clusters by name.
+    pub clusters: BTreeMap<String, Cluster>,
+    /// Endpoint assignments by cluster name.
+    pub endpoints: BTreeMap<String, ClusterLoadAssignment>,
+    /// Routes by `service.namespace`.
+    pub routes: BTreeMap<String, Route>,
+}
+
+/// Whether a rule is in force, and why not.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RuleStatus {
+    /// True when the rule is valid and applied.
+    pub accepted: bool,
+    /// Short machine-readable reason (`Accepted`, `Invalid`, `Conflict`, `NoService`).
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// The resolved policy.
+    pub policy: Option<&'static str>,
+    /// Clusters the rule applies to.
+    pub clusters: Vec<String>,
+}
+
+/// The name of the cluster for one service port.
+pub fn cluster_name(service: &str, namespace: &str, port: u16) -> String {
+    format!("{service}.{namespace}.svc.cluster.local:{port}")
+}
+
+/// Resolves a rule host to (service, namespace): `name` (in the rule's
+/// namespace), `name.ns`, `name.ns.svc`, `name.ns.svc.cluster.local`.
+pub fn resolve_host(host: &str, rule_namespace: &str) -> Option<(String, String)> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let parts: Vec<&str> = host.split('.').collect();
+    match parts.as_slice() {
+        [name] => Some((name.to_string(), rule_namespace.to_string())),
+        [name, ns] | [name, ns, "svc"] | [name, ns, "svc", "cluster", "local"] => {
+            Some((name.to_string(), ns.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// Translates the store. Rules for the same service conflict: the first in
+/// (namespace, name) order wins and the others are reported.
+pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) {
+    let mut status = BTreeMap::new();
+    let mut rule_for: BTreeMap<(String, String), (&ObjectKey, &ValidRule)> = BTreeMap::new();
+    let services: BTreeSet<(String, String)> = store
+        .services
+        .keys()
+        .map(|k| (k.name.clone(), k.namespace.clone()))
+        .collect();
+    for (key, (rule, _origin)) in &store.rules {
+        let policy = Some(rule.resolved.policy.as_str());
+        let Some(target) = resolve_host(&rule.rule.spec.host, &key.namespace) else {
+            status.insert(
+                key.clone(),
+                RuleStatus {
+                    accepted: false,
+                    reason: "NoService".into(),
+                    message: format!(
+                        "spec.host: {:?} is not a service name (name, name.namespace or name.namespace.svc.cluster.local)",
+                        rule.rule.spec.host
+                    ),
+                    policy,
+                    clusters: vec![],
+                },
+            );
+            continue;
+        };
+        if let Some((other, _)) = rule_for.get(&target) {
+            status.insert(
+                key.clone(),
+                RuleStatus {
+                    accepted: false,
+                    reason: "Conflict".into(),
+                    message: format!(
+                        "spec.host: service {}.{} already has rule {}/{}; this rule is not applied",
+                        target.0, target.1, other.namespace, other.name
+                    ),
+                    policy,
+                    clusters: vec![],
+                },
+            );
+            continue;
+        }
+        if !services.contains(&target) {
+            status.insert(
+                key.clone(),
+                RuleStatus {
+                    accepted: true,
+                    reason: "NoService".into(),
+                    message: format!(
+                        "no Service {}/{} yet; the rule applies once it exists",
+                        target.1, target.0
+                    ),
+                    policy,
+                    clusters: vec![],
+                },
+            );
+        }
+        rule_for.insert(target, (key, rule));
+    }
+
+    let mut out = Resources::default();
+    for (skey, svc) in &store.services {
+        let slices: Vec<&EndpointSlice> = store
+            .slices
+            .iter()
+            .filter(|(k, s)| k.namespace == skey.namespace && s.service_name() == Some(&skey.name))
+            .map(|(_, s)| s.as_ref())
+            .collect();
+        let rule = rule_for.get(&(skey.name.clone(), skey.namespace.clone()));
+        let mut route = Route {
+            service: skey.name.clone(),
+            namespace: skey.namespace.clone(),
+            ports: vec![],
+            default_port: 0,
+        };
+        let tcp_ports: Vec<_> = svc
+            .spec
+            .ports
+            .iter()
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .collect();
+        for port in &tcp_ports {
+            let name = cluster_name(&skey.name, &skey.namespace, port.port);
+            let resolved = rule.map(|(_, r)| r.resolved.clone());
+            let mut cluster = Cluster {
+                name: name.clone(),
+                service: skey.name.clone(),
+                namespace: skey.namespace.clone(),
+                port: port.port.into(),
+                policy: LbPolicy::LeastRequest as i32,
+                retry_attempts: rule::DEFAULT_RETRY_ATTEMPTS,
+                ..Default::default()
+            };
+            if let (Some(res), Some((key, vr))) = (&resolved, rule) {
+                cluster.policy = lb_policy(res.policy) as i32;
+                cluster.rule = format!("{}/{}", key.namespace, key.name);
+                cluster.connect_timeout_ms = res.connect_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.timeout_ms = res.timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.retry_attempts = res.retry_attempts;
+                cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
+                match res.policy {
+                    Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
+                    Policy::Maglev => cluster.table_size = res.hash_table_size,
+                    _ => {}
+                }
+                cluster.hash_key = hash_key_of(vr);
+                status
+                    .entry((*key).clone())
+                    .or_insert_with(|| RuleStatus {
+                        accepted: true,
+                        reason: "Accepted".into(),
+                        message: String::new(),
+                        policy: Some(res.policy.as_str()),
+                        clusters: vec![],
+                    })
+                    .clusters
+                    .push(name.clone());
+            }
+            let endpoints = endpoints_for(port.name.as_deref(), tcp_ports.len(), &slices, rule.map(|r| r.1));
+            out.endpoints.insert(
+                name.clone(),
+                ClusterLoadAssignment {
+                    cluster_name: name.clone(),
+                    endpoints,
+                },
+            );
+            route.ports.push(PortCluster {
+                port: port.port.into(),
+                cluster: name.clone(),
+            });
+            out.clusters.insert(name, cluster);
+        }
+        if route.ports.is_empty() {
+            continue;
+        }
+        route.default_port = route
+            .ports
+            .iter()
+            .find(|p| p.port == 80)
+            .unwrap_or(&route.ports[0])
+            .port;
+        out.routes
+            .insert(format!("{}.{}", skey.name, skey.namespace), route);
+    }
+    (out, status)
+}
+
+fn lb_policy(p: Policy) -> LbPolicy {
+    match p {
+        Policy::RoundRobin => LbPolicy::RoundRobin,
+        Policy::Random => LbPolicy::Random,
+        Policy::LeastRequest => LbPolicy::LeastRequest,
+        Policy::RingHash => LbPolicy::RingHash,
+        Policy::Maglev => LbPolicy::Maglev,
+        Policy::PeakEwma => LbPolicy::PeakEwma,
+        Policy::LoadAware => LbPolicy::LoadAware,
+    }
+}
+
+fn hash_key_of(rule: &ValidRule) -> Option<HashKey> {
+    let ch = rule
+        .rule
+        .spec
+        .traffic_policy
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .consistent_hash
+        .as_ref()?;
+    let key = if let Some(h) = &ch.http_header_name {
+        hash_key::Key::Header(h.to_ascii_lowercase())
+    } else if let Some(c) = &ch.http_cookie {
+        hash_key::Key::Cookie(v1::HttpCookie {
+            name: c.name.clone(),
+            path: c.path.clone().unwrap_or_default(),
+            ttl_ms: c
+                .ttl
+                .as_deref()
+                .and_then(|t| rule::parse_duration(t).ok())
+                .map_or(0, |d| d.as_millis() as u64),
+        })
+    } else if let Some(q) = &ch.http_query_parameter_name {
+        hash_key::Key::QueryParameter(q.clone())
+    } else {
+        hash_key::Key::SourceIp(true)
+    };
+    Some(HashKey { key: Some(key) })
+}
+
+/// Endpoints of one service port: from the slice port of the same name (or
+/// the slice's only port when the service has one port), ready endpoints
+/// healthy, serving-and-terminating ones draining, the rest unhealthy.
+fn endpoints_for(
+    port_name: Option<&str>,
+    service_ports: usize,
+    slices: &[&EndpointSlice],
+    rule: Option<&ValidRule>,
+) -> Vec<Endpoint> {
+    let weights = rule
+        .and_then(|r| r.rule.spec.traffic_policy.as_ref())
+        .and_then(|t| t.load_balancer.as_ref())
+        .map(|lb| lb.endpoint_weights.as_slice())
+        .unwrap_or(&[]);
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for slice in slices {
+        let port = slice
+            .ports
+            .iter()
+            .find(|p| p.name.as_deref().unwrap_or("") == port_name.unwrap_or(""))
+            .or_else(|| (service_ports == 1 && slice.ports.len() == 1).then(|| &slice.ports[0]))
+            .and_then(|p| p.port);
+        let Some(port) = port else { continue };
+        for ep in &slice.endpoints {
+            let Some(ip) = ep.addresses.first() else { continue };
+            let address = if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            };
+            if !seen.insert(address.clone()) {
+                continue;
+            }
+            let pod = ep.target_ref.as_ref().map(|t| t.name.clone()).unwrap_or_default();
+            let weight = weights
+                .iter()
+                .find(|w| weight_matches(w, ip, &pod, slice))
+                .map_or(1, |w| w.weight);
+            out.push(Endpoint {
+                address,
+                weight,
+                health: health(ep) as i32,
+                zone: ep.zone.clone().unwrap_or_default(),
+                pod,
+            });
+        }
+    }
+    out
+}
+
+fn weight_matches(w: &rule::EndpointWeight, ip: &str, pod: &str, slice: &EndpointSlice) -> bool {
+    if let Some(p) = &w.pod {
+        return match p.strip_suffix('*') {
+            Some(prefix) => pod.starts_with(prefix),
+            None => pod == p,
+        };
+    }
+    if let Some(a) = &w.address {
+        return a == ip;
+    }
+    !w.labels.is_empty()
+        && w
+            .labels
+            .iter()
+            .all(|(k, v)| slice.metadata.labels.get(k) == Some(v))
+}
+
+fn health(ep: &SliceEndpoint) -> HealthStatus {
+    let c = &ep.conditions;
+    if c.ready.unwrap_or(true) && !c.terminating.unwrap_or(false) {
+        HealthStatus::Healthy
+    } else if c.serving.unwrap_or(c.ready.unwrap_or(true)) {
+        HealthStatus::Draining
+    } else {
+        HealthStatus::Unhealthy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_resolve() {
+        assert_eq!(resolve_host("b", "ns"), Some(("b".into(), "ns".into())));
+        assert_eq!(resolve_host("b.x.svc.cluster.local", "ns"), Some(("b".into(), "x".into())));
+        assert_eq!(resolve_host("b.x.example.com", "ns"), None);
+    }
+}
