@@ -1,1 +1,107 @@
-//! stub
+//! The `minimesh` command: `up` (a local mesh of processes from a topology
+//! file), `apply`, `get`, and `demo`. Also the small runtime helpers every
+//! minimesh binary shares (logging setup, the Tokio runtime).
+
+pub mod apply;
+pub mod demo;
+pub mod get;
+pub mod http;
+pub mod load;
+pub mod mesh;
+pub mod topology;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Logs to stderr; `RUST_LOG` sets the level (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `fut` on a multi-threaded runtime; prints `name: error` and exits 1 on failure.
+pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `minimesh` flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "minimesh",
+    version,
+    about = "minimesh: a small, fast service mesh"
+)]
+pub struct Cli {
+    /// State directory of the local mesh (config files, logs, mesh.json).
+    #[arg(
+        long,
+        global = true,
+        env = "MINIMESH_HOME",
+        default_value = ".minimesh"
+    )]
+    pub home: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a local mesh (control plane, apps, sidecars, ingress) and run until Ctrl-C.
+    Up(mesh::UpArgs),
+    /// Validate rule files and put them into the running mesh.
+    Apply(apply::ApplyArgs),
+    /// Show rules, endpoints or proxies of the running mesh.
+    Get(get::GetArgs),
+    /// Bring the demo mesh up, try each example policy under load, print the results, stop.
+    Demo(demo::DemoArgs),
+}
+
+/// Entry point of the `minimesh` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Apply(_) | Command::Get(_)) {
+        init_tracing_quiet();
+    }
+    let home = cli.home;
+    match cli.command {
+        Command::Up(a) => block_on("minimesh up", mesh::up(home, a)),
+        Command::Apply(a) => block_on("minimesh apply", apply::run(home, a)),
+        Command::Get(a) => block_on("minimesh get", get::run(home, a)),
+        Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
+    }
+}
+
+/// The CLI prints its own progress; logs only warnings unless RUST_LOG says otherwise.
+fn init_tracing_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

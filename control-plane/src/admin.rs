@@ -52,7 +52,10 @@ pub struct Admin {
 
 impl Admin {
     fn config(&self) -> Arc<ConfigView> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Replaces the config view.

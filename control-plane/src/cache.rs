@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use minimesh_proto::{prost::Message, prost_types::Any, to_any, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use minimesh_proto::{
+    prost::Message, prost_types::Any, to_any, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE,
+};
 use tokio::sync::watch;
 
 use crate::translate::Resources;
@@ -54,7 +56,13 @@ impl Default for Cache {
     fn default() -> Self {
         let mut snap = Snapshot::default();
         for t in ALL_TYPES {
-            snap.types.insert(t, Arc::new(TypeSnapshot { version: fnv(&[]), ..Default::default() }));
+            snap.types.insert(
+                t,
+                Arc::new(TypeSnapshot {
+                    version: fnv(&[]),
+                    ..Default::default()
+                }),
+            );
         }
         let (tx, _) = watch::channel(Arc::new(snap));
         Cache { tx }

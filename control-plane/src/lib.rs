@@ -36,7 +36,11 @@ use crate::store::Store;
 
 /// Command-line flags of the `control-plane` binary.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "control-plane", version, about = "minimesh control plane: watches rules and endpoints, pushes config to sidecars")]
+#[command(
+    name = "control-plane",
+    version,
+    about = "minimesh control plane: watches rules and endpoints, pushes config to sidecars"
+)]
 pub struct Args {
     /// Where desired state comes from. Only `files` (a directory of YAML) is built so far.
     #[arg(long, env = "MINIMESH_SOURCE", default_value = "files", value_parser = ["files"])]
@@ -44,6 +48,9 @@ pub struct Args {
     /// Directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
+    /// Namespace of objects whose metadata names none (like kubectl's context namespace).
+    #[arg(long, env = "MINIMESH_DEFAULT_NAMESPACE", default_value = "default")]
+    pub default_namespace: String,
     /// Address of the discovery (gRPC) server.
     #[arg(long, env = "MINIMESH_XDS_ADDR", default_value = "127.0.0.1:15010")]
     pub xds_addr: SocketAddr,
@@ -81,7 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // Read everything once before serving, so that no sidecar is ever sent a
     // half-read config.
-    let mut source = FileSource::new(&args.config_dir);
+    let mut source = FileSource::new(&args.config_dir, &args.default_namespace);
     if !args.config_dir.is_dir() {
         warn!(dir = %args.config_dir.display(), "config directory does not exist (yet); serving an empty config until it does");
     }
@@ -91,7 +98,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let (store_tx, store_rx) = watch::channel(initial);
     tokio::spawn(source.run(args.poll_interval, store_tx));
-    tokio::spawn(debounce(store_rx, args.debounce, args.debounce_max, cache.clone(), admin.clone(), metrics.clone()));
+    tokio::spawn(debounce(
+        store_rx,
+        args.debounce,
+        args.debounce_max,
+        cache.clone(),
+        admin.clone(),
+        metrics.clone(),
+    ));
 
     let admin_listener = admin::bind(args.admin_addr)
         .await
@@ -120,13 +134,14 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -162,7 +177,9 @@ async fn debounce(
         }
         let store = rx.borrow_and_update().clone();
         publish(&store, &cache, &admin, &metrics);
-        metrics.debounce_seconds.observe(first.elapsed().as_secs_f64());
+        metrics
+            .debounce_seconds
+            .observe(first.elapsed().as_secs_f64());
     }
 }
 

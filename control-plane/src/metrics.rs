@@ -44,11 +44,31 @@ impl Metrics {
             debounce_seconds: Histogram::new([0.01, 0.05, 0.1, 0.15, 0.2, 0.5, 1.0, 2.0]),
         };
         let r = registry.sub_registry_with_prefix("minimesh");
-        r.register("xds_connected_proxies", "Connected discovery streams", m.connected.clone());
-        r.register("xds_pushes", "Discovery responses sent, by type", m.pushes.clone());
-        r.register("xds_nacks", "Discovery responses rejected by proxies, by type", m.nacks.clone());
-        r.register("config_updates", "Config changes that produced new resources", m.config_updates.clone());
-        r.register("config_errors", "Rejected objects in the current config", m.config_errors.clone());
+        r.register(
+            "xds_connected_proxies",
+            "Connected discovery streams",
+            m.connected.clone(),
+        );
+        r.register(
+            "xds_pushes",
+            "Discovery responses sent, by type",
+            m.pushes.clone(),
+        );
+        r.register(
+            "xds_nacks",
+            "Discovery responses rejected by proxies, by type",
+            m.nacks.clone(),
+        );
+        r.register(
+            "config_updates",
+            "Config changes that produced new resources",
+            m.config_updates.clone(),
+        );
+        r.register(
+            "config_errors",
+            "Rejected objects in the current config",
+            m.config_errors.clone(),
+        );
         r.register(
             "config_debounce_seconds",
             "Time from the first change in a debounce window to publication",

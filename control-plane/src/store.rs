@@ -35,7 +35,10 @@ impl Store {
             file: origin.clone(),
             object: Some(key.to_string()),
             field: Some("metadata.name".into()),
-            reason: format!("already defined in {}; this definition is ignored", first.display()),
+            reason: format!(
+                "already defined in {}; this definition is ignored",
+                first.display()
+            ),
         };
         match object {
             Object::Rule(r) => {
@@ -50,20 +53,22 @@ impl Store {
                     self.rules.insert(key, (r, origin.clone()));
                 }
             }
-            Object::Service(s) => {
-                if self.services.contains_key(&key) {
-                    self.errors.push(duplicate(origin));
-                } else {
-                    self.services.insert(key, s);
+            Object::Service(s) => match self.services.entry(key.clone()) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    self.errors.push(duplicate(origin))
                 }
-            }
-            Object::Slice(s) => {
-                if self.slices.contains_key(&key) {
-                    self.errors.push(duplicate(origin));
-                } else {
-                    self.slices.insert(key, s);
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(s);
                 }
-            }
+            },
+            Object::Slice(s) => match self.slices.entry(key.clone()) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    self.errors.push(duplicate(origin))
+                }
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(s);
+                }
+            },
         }
     }
 }

@@ -157,7 +157,8 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
             if let (Some(res), Some((key, vr))) = (&resolved, rule) {
                 cluster.policy = lb_policy(res.policy) as i32;
                 cluster.rule = format!("{}/{}", key.namespace, key.name);
-                cluster.connect_timeout_ms = res.connect_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.connect_timeout_ms =
+                    res.connect_timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.timeout_ms = res.timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.retry_attempts = res.retry_attempts;
                 cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
@@ -179,7 +180,12 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                     .clusters
                     .push(name.clone());
             }
-            let endpoints = endpoints_for(port.name.as_deref(), tcp_ports.len(), &slices, rule.map(|r| r.1));
+            let endpoints = endpoints_for(
+                port.name.as_deref(),
+                tcp_ports.len(),
+                &slices,
+                rule.map(|r| r.1),
+            );
             out.endpoints.insert(
                 name.clone(),
                 ClusterLoadAssignment {
@@ -275,7 +281,9 @@ fn endpoints_for(
             .and_then(|p| p.port);
         let Some(port) = port else { continue };
         for ep in &slice.endpoints {
-            let Some(ip) = ep.addresses.first() else { continue };
+            let Some(ip) = ep.addresses.first() else {
+                continue;
+            };
             let address = if ip.contains(':') {
                 format!("[{ip}]:{port}")
             } else {
@@ -284,7 +292,11 @@ fn endpoints_for(
             if !seen.insert(address.clone()) {
                 continue;
             }
-            let pod = ep.target_ref.as_ref().map(|t| t.name.clone()).unwrap_or_default();
+            let pod = ep
+                .target_ref
+                .as_ref()
+                .map(|t| t.name.clone())
+                .unwrap_or_default();
             let weight = weights
                 .iter()
                 .find(|w| weight_matches(w, ip, &pod, slice))
@@ -312,8 +324,7 @@ fn weight_matches(w: &rule::EndpointWeight, ip: &str, pod: &str, slice: &Endpoin
         return a == ip;
     }
     !w.labels.is_empty()
-        && w
-            .labels
+        && w.labels
             .iter()
             .all(|(k, v)| slice.metadata.labels.get(k) == Some(v))
 }
@@ -336,7 +347,10 @@ mod tests {
     #[test]
     fn hosts_resolve() {
         assert_eq!(resolve_host("b", "ns"), Some(("b".into(), "ns".into())));
-        assert_eq!(resolve_host("b.x.svc.cluster.local", "ns"), Some(("b".into(), "x".into())));
+        assert_eq!(
+            resolve_host("b.x.svc.cluster.local", "ns"),
+            Some(("b".into(), "x".into()))
+        );
         assert_eq!(resolve_host("b.x.example.com", "ns"), None);
     }
 }

@@ -1,1 +1,240 @@
-//! stub
+//! The minimesh sidecar: an outbound listener the app calls (HTTP/1.1,
+//! HTTP/2 cleartext, proxy-style absolute-form or Host-routed), an inbound
+//! listener in front of the app, balancing per the control plane's config.
+//! The same binary in gateway mode is the ingress.
+
+pub mod admin;
+pub mod balance;
+pub mod clock;
+pub mod endpoint;
+pub mod proxy;
+pub mod routing;
+pub mod xds;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use clap::Parser;
+use minimesh_proto::v1::Node;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::balance::{Balancer, Policy};
+use crate::endpoint::EndpointState;
+use crate::proxy::Proxy;
+use crate::routing::{ClusterHandle, HostAliases, Routing};
+
+/// Command-line flags of the `sidecar` binary.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "sidecar",
+    version,
+    about = "minimesh sidecar proxy (and ingress gateway with --mode gateway)"
+)]
+pub struct Args {
+    /// `sidecar` (beside an app) or `gateway` (ingress for outside traffic).
+    #[arg(long, env = "MINIMESH_MODE", default_value = "sidecar", value_parser = ["sidecar", "gateway"])]
+    pub mode: String,
+    /// Control plane discovery address.
+    #[arg(
+        long,
+        env = "MINIMESH_XDS_ADDR",
+        default_value = "http://127.0.0.1:15010"
+    )]
+    pub xds_addr: String,
+    /// Proxy id; defaults to `<workload>.<namespace>`.
+    #[arg(long, env = "MINIMESH_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Workload (pod) name.
+    #[arg(long, env = "POD_NAME", default_value = "workload")]
+    pub workload: String,
+    /// Namespace; short service names (`simple-backend`) resolve in it.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Zone, reported to the control plane.
+    #[arg(long, env = "MINIMESH_ZONE", default_value = "")]
+    pub zone: String,
+    /// Outbound listener (the app's HTTP_PROXY, or the gateway's public address).
+    #[arg(
+        long,
+        env = "MINIMESH_OUTBOUND_ADDR",
+        default_value = "127.0.0.1:15001"
+    )]
+    pub outbound: SocketAddr,
+    /// Inbound listener in front of the app (needs --app).
+    #[arg(long, env = "MINIMESH_INBOUND_ADDR", requires = "app")]
+    pub inbound: Option<SocketAddr>,
+    /// Where the app listens, for the inbound listener.
+    #[arg(long, env = "MINIMESH_APP_ADDR", requires = "inbound")]
+    pub app: Option<SocketAddr>,
+    /// Admin listener (/healthz, /ready, /metrics, /debug/config).
+    #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    pub admin: SocketAddr,
+    /// Extra host name for a service, `HOST=SERVICE.NAMESPACE` (repeatable), e.g.
+    /// `simple-web.istioinaction.io=simple-web.default`.
+    #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
+    pub routes: Vec<(String, String)>,
+    /// Service (`SERVICE.NAMESPACE`) for requests whose host matches nothing.
+    #[arg(long, env = "MINIMESH_DEFAULT_ROUTE")]
+    pub default_route: Option<String>,
+    /// Upstream TCP connect timeout.
+    #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
+    pub connect_timeout: Duration,
+    /// On SIGTERM, how long requests in flight may take to finish.
+    #[arg(long, env = "MINIMESH_DRAIN", default_value = "5s", value_parser = duration)]
+    pub drain: Duration,
+}
+
+fn parse_alias(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((h, svc)) if !h.is_empty() && svc.contains('.') => {
+            Ok((h.to_string(), svc.to_string()))
+        }
+        _ => Err(format!("{s:?} is not HOST=SERVICE.NAMESPACE")),
+    }
+}
+
+/// Parses `250ms`, `1s`, `2m`.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        return Err(format!("{s:?} needs a unit: ms, s or m"));
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * mult)),
+        _ => Err(format!("{s:?} is not a duration like 250ms or 1s")),
+    }
+}
+
+/// Runs the sidecar until SIGINT or SIGTERM, then drains.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    clock::start();
+    let node = Node {
+        id: args
+            .node_id
+            .clone()
+            .unwrap_or_else(|| format!("{}.{}", args.workload, args.namespace)),
+        workload: args.workload.clone(),
+        namespace: args.namespace.clone(),
+        address: args.outbound.ip().to_string(),
+        zone: args.zone.clone(),
+    };
+    let routing = Arc::new(ArcSwap::from_pointee(Routing::default()));
+    let ready = Arc::new(AtomicBool::new(false));
+    let client = proxy::upstream_client(args.connect_timeout);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let admin_listener = TcpListener::bind(args.admin)
+        .await
+        .with_context(|| format!("binding admin address {}", args.admin))?;
+    tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::new(admin::Admin {
+            routing: routing.clone(),
+            ready: ready.clone(),
+            node_id: node.id.clone(),
+        }),
+    ));
+
+    let mut servers = Vec::new();
+    let outbound = TcpListener::bind(args.outbound)
+        .await
+        .with_context(|| format!("binding outbound address {}", args.outbound))?;
+    let out_proxy = Arc::new(Proxy {
+        routing: routing.clone(),
+        client: client.clone(),
+        ready: ready.clone(),
+    });
+    let name = if args.mode == "gateway" {
+        "gateway"
+    } else {
+        "outbound"
+    };
+    servers.push(tokio::spawn(proxy::serve(
+        name,
+        outbound,
+        out_proxy,
+        stop_rx.clone(),
+        args.drain,
+    )));
+
+    if let (Some(inbound), Some(app)) = (args.inbound, args.app) {
+        let listener = TcpListener::bind(inbound)
+            .await
+            .with_context(|| format!("binding inbound address {inbound}"))?;
+        let app_cluster = Arc::new(ClusterHandle {
+            name: "inbound|app".into(),
+            balancer: Balancer::new(
+                Policy::LeastRequest,
+                vec![(EndpointState::new(app, args.workload.clone()), 1)],
+            ),
+            retry_attempts: 2,
+            timeout: None,
+            rule: String::new(),
+        });
+        let table = Routing {
+            fallback: Some(app_cluster),
+            ..Default::default()
+        };
+        let in_proxy = Arc::new(Proxy {
+            routing: Arc::new(ArcSwap::from_pointee(table)),
+            client,
+            ready: Arc::new(AtomicBool::new(true)),
+        });
+        servers.push(tokio::spawn(proxy::serve(
+            "inbound",
+            listener,
+            in_proxy,
+            stop_rx.clone(),
+            args.drain,
+        )));
+    }
+
+    let xds = xds::client::XdsClient {
+        address: args.xds_addr.clone(),
+        node,
+        aliases: HostAliases {
+            aliases: args.routes.clone(),
+            fallback: args.default_route.clone(),
+        },
+        routing,
+        ready,
+    };
+    let xds_task = tokio::spawn(xds.run());
+    info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, admin = %args.admin, xds = args.xds_addr, "sidecar started");
+
+    shutdown_signal().await;
+    info!("shutting down: draining requests in flight");
+    let _ = stop_tx.send(true);
+    for s in servers {
+        let _ = s.await;
+    }
+    xds_task.abort();
+    info!("sidecar stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

@@ -24,16 +24,6 @@ pub struct ObjectMeta {
     pub generation: Option<i64>,
 }
 
-impl ObjectMeta {
-    /// The namespace, `default` when unset.
-    pub fn namespace(&self) -> &str {
-        match self.namespace.as_deref() {
-            Some(ns) if !ns.is_empty() => ns,
-            _ => "default",
-        }
-    }
-}
-
 /// A Kubernetes `Service`: the ports callers address.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -88,6 +88,8 @@ pub struct Document {
     pub key: Option<ObjectKey>,
     /// The object, or why it was rejected.
     pub result: Result<Object, ConfigError>,
+    /// The document as read (JSON data model), for tools that store it again.
+    pub raw: serde_json::Value,
 }
 
 /// What reading a file produced: its documents, and notes (ignored kinds).
@@ -102,7 +104,13 @@ pub struct Parsed {
 /// Parses every YAML document of a file. Err means the file as a whole could
 /// not be read (bad YAML, too large); a bad document inside a good file is an
 /// `Err` result in its [`Document`].
-pub fn parse_documents(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
+/// `default_namespace` is the namespace of objects that name none (as
+/// kubectl's context namespace).
+pub fn parse_documents(
+    file: &Path,
+    text: &str,
+    default_namespace: &str,
+) -> Result<Parsed, ConfigError> {
     let whole = |reason: String| ConfigError {
         file: file.to_path_buf(),
         object: None,
@@ -121,7 +129,7 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Parsed, ConfigError> {
         .map_err(|e| whole(format!("invalid YAML: {}", first_line(&e.to_string()))))?;
     let mut parsed = Parsed::default();
     for (i, value) in values.into_iter().enumerate() {
-        parse_value(file, i, value, &mut parsed, 0);
+        parse_value(file, i, value, default_namespace, &mut parsed, 0);
     }
     Ok(parsed)
 }
@@ -130,7 +138,14 @@ fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or(s).trim().to_string()
 }
 
-fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Parsed, depth: u8) {
+fn parse_value(
+    file: &Path,
+    index: usize,
+    value: serde_json::Value,
+    default_ns: &str,
+    out: &mut Parsed,
+    depth: u8,
+) {
     if value.is_null() {
         return;
     }
@@ -146,8 +161,12 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
             result: Err(err(
                 None,
                 None,
-                format!("document {} is not a mapping with apiVersion and kind", index + 1),
+                format!(
+                    "document {} is not a mapping with apiVersion and kind",
+                    index + 1
+                ),
             )),
+            raw: value,
         });
         return;
     };
@@ -163,7 +182,7 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
         .and_then(|m| m.get("namespace"))
         .and_then(|v| v.as_str())
         .filter(|s| !s.is_empty())
-        .unwrap_or("default")
+        .unwrap_or(default_ns)
         .to_string();
     let (kind_static, expected): (&'static str, &[&str]) = match kind {
         "DestinationRule" => ("DestinationRule", &RULE_API_VERSIONS),
@@ -172,7 +191,7 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
         "List" if api_version == "v1" && depth == 0 => {
             if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
                 for item in items.clone() {
-                    parse_value(file, index, item, out, depth + 1);
+                    parse_value(file, index, item, default_ns, out, depth + 1);
                 }
             }
             return;
@@ -185,6 +204,7 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
                     Some("kind".into()),
                     format!("document {} has no kind", index + 1),
                 )),
+                raw: value.clone(),
             });
             return;
         }
@@ -213,6 +233,7 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
                     expected.join(", ")
                 ),
             )),
+            raw: value.clone(),
         });
         return;
     }
@@ -224,12 +245,15 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
                 Some("metadata.name".into()),
                 "is required".into(),
             )),
+            raw: value.clone(),
         });
         return;
     }
+    let raw = value.clone();
     let result = match kind_static {
         "DestinationRule" => typed::<DestinationRule>(value).and_then(|r| {
-            let (resolved, warnings) = rule::validate(&r.spec).map_err(|e| (Some(e.field), e.reason))?;
+            let (resolved, warnings) =
+                rule::validate(&r.spec).map_err(|e| (Some(e.field), e.reason))?;
             Ok(Object::Rule(Arc::new(ValidRule {
                 rule: r,
                 resolved,
@@ -237,11 +261,14 @@ fn parse_value(file: &Path, index: usize, value: serde_json::Value, out: &mut Pa
             })))
         }),
         "Service" => typed::<Service>(value).map(|s| Object::Service(Arc::new(s))),
-        _ => typed::<EndpointSlice>(value).and_then(validate_slice).map(|s| Object::Slice(Arc::new(s))),
+        _ => typed::<EndpointSlice>(value)
+            .and_then(validate_slice)
+            .map(|s| Object::Slice(Arc::new(s))),
     };
     out.documents.push(Document {
         key: Some(key),
         result: result.map_err(|(field, reason)| err(Some(object), field, reason)),
+        raw,
     });
 }
 
@@ -258,7 +285,10 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value) -> FieldResult<T> {
 fn validate_slice(s: EndpointSlice) -> FieldResult<EndpointSlice> {
     if s.service_name().is_none() {
         return Err((
-            Some(format!("metadata.labels[{:?}]", super::kube::SERVICE_NAME_LABEL)),
+            Some(format!(
+                "metadata.labels[{:?}]",
+                super::kube::SERVICE_NAME_LABEL
+            )),
             "is required: it names the Service the slice belongs to".into(),
         ));
     }
@@ -280,7 +310,7 @@ mod tests {
     use super::*;
 
     fn one(text: &str) -> Result<Object, ConfigError> {
-        let mut p = parse_documents(Path::new("r.yaml"), text).expect("file parses");
+        let mut p = parse_documents(Path::new("r.yaml"), text, "default").expect("file parses");
         assert_eq!(p.documents.len(), 1);
         p.documents.remove(0).result
     }
@@ -291,8 +321,15 @@ mod tests {
             "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: x}\nspec:\n  host: b\n  trafficPolicy:\n    loadBalancer:\n      simple: ROUND_ROBBIN\n",
         )
         .unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("spec.trafficPolicy.loadBalancer.simple"));
-        assert!(e.reason.contains("unknown variant `ROUND_ROBBIN`"), "{}", e.reason);
+        assert_eq!(
+            e.field.as_deref(),
+            Some("spec.trafficPolicy.loadBalancer.simple")
+        );
+        assert!(
+            e.reason.contains("unknown variant `ROUND_ROBBIN`"),
+            "{}",
+            e.reason
+        );
         assert_eq!(e.object.as_deref(), Some("DestinationRule default/x"));
     }
 
@@ -308,10 +345,15 @@ mod tests {
 
     #[test]
     fn other_kinds_are_ignored_and_bad_yaml_is_a_file_error() {
-        let p = parse_documents(Path::new("d.yaml"), "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n").expect("parses");
+        let p = parse_documents(
+            Path::new("d.yaml"),
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
+            "default",
+        )
+        .expect("parses");
         assert!(p.documents.is_empty());
         assert_eq!(p.ignored.len(), 1);
-        let e = parse_documents(Path::new("d.yaml"), "a: [1, 2\n").unwrap_err();
+        let e = parse_documents(Path::new("d.yaml"), "a: [1, 2\n", "default").unwrap_err();
         assert!(e.reason.starts_with("invalid YAML"), "{}", e.reason);
         eprintln!("{e}");
     }

@@ -345,7 +345,10 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         warnings.push("spec.subsets: accepted but not used for routing yet".to_string());
     }
     if spec.workload_selector.is_some() {
-        warnings.push("spec.workloadSelector: accepted but not used yet; the rule applies to every caller".to_string());
+        warnings.push(
+            "spec.workloadSelector: accepted but not used yet; the rule applies to every caller"
+                .to_string(),
+        );
     }
     let mut resolved = Resolved {
         policy: Policy::LeastRequest,
@@ -371,7 +374,8 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         }
     }
     if let Some(t) = &tp.timeout {
-        resolved.timeout = Some(parse_duration(t).map_err(|r| FieldError::new("spec.trafficPolicy.timeout", r))?);
+        resolved.timeout =
+            Some(parse_duration(t).map_err(|r| FieldError::new("spec.trafficPolicy.timeout", r))?);
     }
     if let Some(t) = &tp.connect_timeout {
         resolved.connect_timeout = Some(
@@ -496,7 +500,10 @@ fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), Fie
     }
     if let Some(c) = &ch.http_cookie {
         if c.name.is_empty() {
-            return Err(FieldError::new(format!("{CH}.httpCookie.name"), "must not be empty"));
+            return Err(FieldError::new(
+                format!("{CH}.httpCookie.name"),
+                "must not be empty",
+            ));
         }
         if let Some(ttl) = &c.ttl {
             parse_duration(ttl).map_err(|r| FieldError::new(format!("{CH}.httpCookie.ttl"), r))?;
@@ -504,7 +511,10 @@ fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), Fie
     }
     match (&ch.ring_hash, &ch.maglev) {
         (Some(_), Some(_)) => {
-            return Err(FieldError::new(CH, "set either ringHash or maglev, not both"))
+            return Err(FieldError::new(
+                CH,
+                "set either ringHash or maglev, not both",
+            ))
         }
         (None, Some(m)) => {
             let size = m.table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE);
@@ -518,7 +528,10 @@ fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), Fie
             resolved.hash_table_size = size;
         }
         (ring, None) => {
-            let (field, size) = match (ring.as_ref().and_then(|r| r.minimum_ring_size), ch.minimum_ring_size) {
+            let (field, size) = match (
+                ring.as_ref().and_then(|r| r.minimum_ring_size),
+                ch.minimum_ring_size,
+            ) {
                 (Some(s), _) => ("ringHash.minimumRingSize", s),
                 (None, Some(s)) => ("minimumRingSize", s),
                 (None, None) => ("ringHash.minimumRingSize", DEFAULT_RING_SIZE),
@@ -542,7 +555,7 @@ fn is_prime(n: u64) -> bool {
     }
     let mut d = 2;
     while d * d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;
@@ -566,7 +579,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("{s:?} has unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{s:?} has unknown unit {unit:?} (use ms, s, m or h)"
+            ))
+        }
     };
     if !secs.is_finite() || secs <= 0.0 || secs > 30.0 * 24.0 * 3600.0 {
         return Err(format!("{s:?} must be positive and at most 30 days"));
@@ -601,6 +618,9 @@ mod tests {
             host: "a".into(),
             ..Default::default()
         };
-        assert_eq!(validate(&spec).map(|r| r.0.policy), Ok(Policy::LeastRequest));
+        assert_eq!(
+            validate(&spec).map(|r| r.0.policy),
+            Ok(Policy::LeastRequest)
+        );
     }
 }

@@ -168,7 +168,11 @@ impl SotwStream {
         let state = self.types.entry(t).or_default();
         if !req.response_nonce.is_empty() {
             if state.nonce.as_deref() != Some(req.response_nonce.as_str()) {
-                debug!(type_url = t, nonce = req.response_nonce, "stale request ignored");
+                debug!(
+                    type_url = t,
+                    nonce = req.response_nonce,
+                    "stale request ignored"
+                );
                 return Ok(());
             }
             if let Some(err) = &req.error_detail {
@@ -200,7 +204,12 @@ impl SotwStream {
         Ok(())
     }
 
-    async fn maybe_send(&mut self, t: &'static str, snap: &Snapshot, force: bool) -> Result<(), Status> {
+    async fn maybe_send(
+        &mut self,
+        t: &'static str,
+        snap: &Snapshot,
+        force: bool,
+    ) -> Result<(), Status> {
         let Some(state) = self.types.get_mut(t) else {
             return Ok(());
         };
@@ -209,7 +218,10 @@ impl SotwStream {
         let (version, resources) = match &state.names {
             None => (
                 ts.version.clone(),
-                ts.resources.values().map(|e| e.any.clone()).collect::<Vec<_>>(),
+                ts.resources
+                    .values()
+                    .map(|e| e.any.clone())
+                    .collect::<Vec<_>>(),
             ),
             Some(names) => {
                 let mut set = Vec::new();
@@ -306,7 +318,11 @@ impl DeltaStream {
         self.metrics.connected.dec();
     }
 
-    async fn on_request(&mut self, req: DeltaDiscoveryRequest, snap: &Snapshot) -> Result<(), Status> {
+    async fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        snap: &Snapshot,
+    ) -> Result<(), Status> {
         if let Some(node) = &req.node {
             self.handle.set_node(node);
         }
@@ -320,12 +336,20 @@ impl DeltaStream {
         }
         if !req.response_nonce.is_empty() {
             if state.nonce.as_deref() != Some(req.response_nonce.as_str()) {
-                debug!(type_url = t, nonce = req.response_nonce, "stale delta request ignored");
+                debug!(
+                    type_url = t,
+                    nonce = req.response_nonce,
+                    "stale delta request ignored"
+                );
                 return Ok(());
             }
             let version = state.sent_version.clone().unwrap_or_default();
             if let Some(err) = &req.error_detail {
-                warn!(type_url = t, reason = err.message, "proxy rejected config (NACK)");
+                warn!(
+                    type_url = t,
+                    reason = err.message,
+                    "proxy rejected config (NACK)"
+                );
                 self.metrics.nack(t);
                 self.handle.update(t, |s| {
                     s.last_nack = Some(Nack {
@@ -363,7 +387,12 @@ impl DeltaStream {
         Ok(())
     }
 
-    async fn send_diff(&mut self, t: &'static str, snap: &Snapshot, always: bool) -> Result<(), Status> {
+    async fn send_diff(
+        &mut self,
+        t: &'static str,
+        snap: &Snapshot,
+        always: bool,
+    ) -> Result<(), Status> {
         let Some(state) = self.types.get_mut(t) else {
             return Ok(());
         };
@@ -385,7 +414,9 @@ impl DeltaStream {
         let removed: Vec<String> = state
             .client
             .keys()
-            .filter(|n| !ts.resources.contains_key(*n) || !(state.wildcard || state.names.contains(*n)))
+            .filter(|n| {
+                !ts.resources.contains_key(*n) || !(state.wildcard || state.names.contains(*n))
+            })
             .cloned()
             .collect();
         if resources.is_empty() && removed.is_empty() && !always {
@@ -408,7 +439,12 @@ impl DeltaStream {
             s.pushes += 1;
         });
         if !resources.is_empty() || !removed.is_empty() {
-            info!(type_url = t, changed = resources.len(), removed = removed.len(), "delta push");
+            info!(
+                type_url = t,
+                changed = resources.len(),
+                removed = removed.len(),
+                "delta push"
+            );
         }
         let resp = DeltaDiscoveryResponse {
             system_version_info: ts.version.clone(),

@@ -29,14 +29,17 @@ struct FileState {
 /// Reads a directory of config files into a [`Store`].
 pub struct FileSource {
     dir: PathBuf,
+    default_namespace: String,
     files: BTreeMap<PathBuf, FileState>,
 }
 
 impl FileSource {
     /// A source for `dir` (it need not exist yet).
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    /// Objects without `metadata.namespace` are placed in `default_namespace`.
+    pub fn new(dir: impl Into<PathBuf>, default_namespace: &str) -> Self {
         FileSource {
             dir: dir.into(),
+            default_namespace: default_namespace.to_string(),
             files: BTreeMap::new(),
         }
     }
@@ -65,7 +68,7 @@ impl FileSource {
             }
             state.stamp = Some(stamp);
             changed = true;
-            reload(&path, state);
+            reload(&path, state, &self.default_namespace);
         }
         changed
     }
@@ -132,7 +135,7 @@ fn collect(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, (SystemTime, u64))>
     }
 }
 
-fn reload(path: &Path, state: &mut FileState) {
+fn reload(path: &Path, state: &mut FileState, default_namespace: &str) {
     let text = match std::fs::read(path) {
         Ok(bytes) if bytes.len() > crate::config::parse::MAX_FILE_BYTES => Err(format!(
             "file is {} bytes, more than the {} minimesh reads",
@@ -142,7 +145,8 @@ fn reload(path: &Path, state: &mut FileState) {
         Ok(bytes) => String::from_utf8(bytes).map_err(|_| "file is not UTF-8".to_string()),
         Err(e) => Err(format!("cannot read: {e}")),
     };
-    let parsed = text.and_then(|t| parse_documents(path, &t).map_err(|e| e.reason));
+    let parsed =
+        text.and_then(|t| parse_documents(path, &t, default_namespace).map_err(|e| e.reason));
     state.errors.clear();
     state.ignored.clear();
     match parsed {

@@ -1,0 +1,154 @@
+//! `minimesh apply -f FILE`: validates rule files exactly as the control
+//! plane will, and only then puts each rule into the running mesh's config
+//! directory (one file per rule, replaced on re-apply, like `kubectl apply`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use minimesh_control_plane::config::parse::ObjectKey;
+use minimesh_control_plane::config::{parse_documents, Object};
+
+use crate::mesh::{wait_converged, write_atomic, MeshState};
+
+/// `minimesh apply` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApplyArgs {
+    /// Rule file(s) (DestinationRule, multi-document YAML).
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Only validate; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// A validated rule and where it goes.
+pub struct Validated {
+    /// Its identity.
+    pub key: ObjectKey,
+    /// Its resolved policy.
+    pub policy: &'static str,
+    /// The document, to store.
+    pub raw: serde_json::Value,
+    /// Caveats.
+    pub warnings: Vec<String>,
+}
+
+/// Validates every rule of a file; all errors at once, each naming file, object, field and reason.
+pub fn validate_file(path: &Path, namespace: &str) -> anyhow::Result<Vec<Validated>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let parsed = parse_documents(path, &text, namespace).map_err(|e| anyhow!("{e}"))?;
+    let mut errors = Vec::new();
+    let mut out = Vec::new();
+    for doc in parsed.documents {
+        match (doc.result, doc.key) {
+            (Err(e), _) => errors.push(e.to_string()),
+            (Ok(Object::Rule(r)), Some(key)) => out.push(Validated {
+                key,
+                policy: r.resolved.policy.as_str(),
+                raw: doc.raw,
+                warnings: r.warnings.clone(),
+            }),
+            (Ok(_), Some(key)) => errors.push(format!(
+                "{}: {key}: minimesh apply takes DestinationRules; a local mesh's Services and EndpointSlices are written by minimesh up",
+                path.display()
+            )),
+            (Ok(_), None) => {}
+        }
+    }
+    if !errors.is_empty() {
+        bail!("{}", errors.join("\n"));
+    }
+    if out.is_empty() {
+        bail!("{}: no DestinationRule in the file", path.display());
+    }
+    Ok(out)
+}
+
+/// Validates and stores a file's rules into the mesh's config directory.
+pub fn apply_file(state: &MeshState, path: &Path) -> anyhow::Result<Vec<Validated>> {
+    let rules = validate_file(path, &state.namespace)?;
+    for r in &rules {
+        let mut raw = r.raw.clone();
+        raw["metadata"]["namespace"] = serde_json::json!(r.key.namespace);
+        let file = state.config_dir.join("rules").join(format!(
+            "destinationrule.{}.{}.yaml",
+            r.key.namespace, r.key.name
+        ));
+        let text = serde_json::to_string_pretty(&raw)?;
+        write_atomic(&file, &format!("{text}\n"))?;
+    }
+    Ok(rules)
+}
+
+/// `minimesh apply`.
+pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
+    if args.dry_run {
+        for f in &args.files {
+            for r in validate_file(f, "default")? {
+                println!(
+                    "destinationrule {}/{} valid: {} (dry run)",
+                    r.key.namespace, r.key.name, r.policy
+                );
+            }
+        }
+        return Ok(());
+    }
+    // Validate everything before touching the mesh: all or nothing.
+    for f in &args.files {
+        validate_file(f, "default")?;
+    }
+    let state = MeshState::load(&home)?;
+    let mut applied = Vec::new();
+    for f in &args.files {
+        applied.extend(apply_file(&state, f)?);
+    }
+    for r in &applied {
+        wait_rule(&state, &r.key, r.policy).await?;
+        println!(
+            "destinationrule {}/{} applied: {}",
+            r.key.namespace, r.key.name, r.policy
+        );
+        for w in &r.warnings {
+            println!("  warning: {w}");
+        }
+    }
+    wait_converged(&state, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// Waits until the control plane reports the rule with this policy, and
+/// fails with its reason when it is not accepted.
+pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyhow::Result<()> {
+    let admin = state.control_plane_admin.to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let config = crate::http::get_json(&admin, "/debug/config").await?;
+        let found = config["rules"].as_array().and_then(|rules| {
+            rules
+                .iter()
+                .find(|r| {
+                    r["namespace"] == key.namespace.as_str()
+                        && r["name"] == key.name.as_str()
+                        && r["policy"] == policy
+                })
+                .cloned()
+        });
+        if let Some(rule) = found {
+            if rule["accepted"] == true {
+                return Ok(());
+            }
+            bail!(
+                "{key} not applied: {}: {}",
+                rule["reason"].as_str().unwrap_or(""),
+                rule["message"].as_str().unwrap_or("")
+            );
+        }
+        if tokio::time::Instant::now() > deadline {
+            let errors = config["errors"].to_string();
+            bail!("the control plane did not pick up {key} within 10s; its errors: {errors}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

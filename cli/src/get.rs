@@ -1,0 +1,132 @@
+//! `minimesh get rules|endpoints|proxies`: tables from the control plane's
+//! admin API (`-o json` for the raw view).
+
+use std::path::PathBuf;
+
+use crate::http::get_json;
+use crate::mesh::MeshState;
+
+/// What to show.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum What {
+    /// DestinationRules with status, and rejected config.
+    Rules,
+    /// Endpoints per cluster with weight and health.
+    Endpoints,
+    /// Connected proxies and the versions they ACKed (like istioctl proxy-status).
+    Proxies,
+}
+
+/// `minimesh get` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GetArgs {
+    /// rules, endpoints or proxies.
+    pub what: What,
+    /// `table` or `json`.
+    #[arg(short, long, default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
+}
+
+/// `minimesh get`.
+pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
+    let state = MeshState::load(&home)?;
+    let admin = state.control_plane_admin.to_string();
+    let path = match args.what {
+        What::Rules => "/debug/config",
+        What::Endpoints => "/debug/endpoints",
+        What::Proxies => "/debug/proxies",
+    };
+    let v = get_json(&admin, path).await?;
+    if args.output == "json" {
+        println!("{v:#}");
+        return Ok(());
+    }
+    let s = |v: &serde_json::Value| {
+        v.as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string())
+    };
+    match args.what {
+        What::Rules => {
+            println!(
+                "{:<16} {:<24} {:<48} {:<14} {:<9} MESSAGE",
+                "NAMESPACE", "NAME", "HOST", "POLICY", "ACCEPTED"
+            );
+            for r in v["rules"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<16} {:<24} {:<48} {:<14} {:<9} {}",
+                    s(&r["namespace"]),
+                    s(&r["name"]),
+                    s(&r["host"]),
+                    s(&r["policy"]),
+                    s(&r["accepted"]),
+                    s(&r["message"])
+                );
+            }
+            let errors: Vec<_> = v["errors"].as_array().into_iter().flatten().collect();
+            if !errors.is_empty() {
+                println!("\nREJECTED (the previous good version of each stays in force):");
+                for e in errors {
+                    println!("  {}", s(&e["message"]));
+                }
+            }
+        }
+        What::Endpoints => {
+            println!(
+                "{:<48} {:<14} {:<22} {:<24} {:<7} HEALTH",
+                "CLUSTER", "POLICY", "ENDPOINT", "POD", "WEIGHT"
+            );
+            for (cluster, c) in v.as_object().into_iter().flatten() {
+                for e in c["endpoints"].as_array().into_iter().flatten() {
+                    println!(
+                        "{cluster:<48} {:<14} {:<22} {:<24} {:<7} {}",
+                        s(&c["policy"]),
+                        s(&e["address"]),
+                        s(&e["pod"]),
+                        s(&e["weight"]),
+                        s(&e["health"])
+                    );
+                }
+            }
+        }
+        What::Proxies => {
+            println!(
+                "{:<36} {:<7} {:<40} {:<40} {:<40} LAST NACK",
+                "NAME", "STREAM", "CLUSTERS", "ENDPOINTS", "ROUTES"
+            );
+            for p in v.as_array().into_iter().flatten() {
+                let t = |name: &str| {
+                    let st = &p["types"][name];
+                    if st.is_null() {
+                        "NOT SENT".to_string()
+                    } else if st["sent"] == st["acked"] {
+                        format!("SYNCED {}", s(&st["acked"]))
+                    } else {
+                        format!("STALE sent {} acked {}", s(&st["sent"]), s(&st["acked"]))
+                    }
+                };
+                let nack = p["types"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(ty, st)| {
+                        st["last_nack"]
+                            .as_object()
+                            .map(|n| format!("{ty}: {}", s(&n["message"])))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                println!(
+                    "{:<36} {:<7} {:<40} {:<40} {:<40} {}",
+                    s(&p["id"]),
+                    s(&p["protocol"]),
+                    t("Cluster"),
+                    t("ClusterLoadAssignment"),
+                    t("Route"),
+                    nack
+                );
+            }
+        }
+    }
+    Ok(())
+}

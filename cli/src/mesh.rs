@@ -1,0 +1,532 @@
+//! `minimesh up`: plays the part of Kubernetes on one machine. Each pod is an
+//! app (fake-service) and its sidecar, on its own loopback address; the
+//! control plane watches a config directory into which this module writes the
+//! Service and EndpointSlice files a cluster would produce.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+
+use crate::http;
+use crate::topology::Topology;
+
+/// Port of the app inside each pod (the sidecar's inbound listener takes the Service's targetPort).
+pub const APP_PORT: u16 = 8080;
+/// Outbound listener port of each sidecar (the app's HTTP_PROXY).
+pub const OUTBOUND_PORT: u16 = 15001;
+/// Admin port of each sidecar.
+pub const SIDECAR_ADMIN_PORT: u16 = 15000;
+/// Discovery port of the control plane.
+pub const XDS_PORT: u16 = 15010;
+/// Admin port of the control plane.
+pub const CP_ADMIN_PORT: u16 = 15014;
+
+/// `minimesh up` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Topology file (kind: LocalMesh).
+    #[arg(default_value = "examples/local/topology.yaml")]
+    pub topology: PathBuf,
+    /// Override the topology's /24 network, e.g. 127.0.7.0 (to run two meshes at once).
+    #[arg(long)]
+    pub network: Option<Ipv4Addr>,
+    /// Override the ingress listener, e.g. 127.0.0.1:30000.
+    #[arg(long)]
+    pub ingress: Option<SocketAddr>,
+}
+
+/// One pod of the running mesh.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pod {
+    /// Pod name (`<deployment>-<i>`).
+    pub name: String,
+    /// Service it belongs to.
+    pub service: String,
+    /// Deployment it belongs to.
+    pub deployment: String,
+    /// Pod address.
+    pub ip: Ipv4Addr,
+    /// Inbound (endpoint) port.
+    pub port: u16,
+}
+
+impl Pod {
+    /// The app's address.
+    pub fn app(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, APP_PORT))
+    }
+    /// The sidecar's admin address.
+    pub fn admin(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, SIDECAR_ADMIN_PORT))
+    }
+}
+
+/// What `minimesh apply` and `minimesh get` need to find a running mesh;
+/// written to `<home>/mesh.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeshState {
+    /// Mesh name.
+    pub name: String,
+    /// Namespace of its services.
+    pub namespace: String,
+    /// Directory the control plane watches.
+    pub config_dir: PathBuf,
+    /// Control-plane admin address.
+    pub control_plane_admin: SocketAddr,
+    /// Control-plane discovery address.
+    pub control_plane_xds: SocketAddr,
+    /// Ingress listener.
+    pub ingress: Option<SocketAddr>,
+    /// Ingress admin address.
+    pub ingress_admin: Option<SocketAddr>,
+    /// Pods.
+    pub pods: Vec<Pod>,
+    /// Process id of `minimesh up`.
+    pub pid: u32,
+}
+
+impl MeshState {
+    /// Reads `<home>/mesh.json`.
+    pub fn load(home: &Path) -> anyhow::Result<MeshState> {
+        let path = home.join("mesh.json");
+        let text = std::fs::read_to_string(&path).map_err(|_| {
+            anyhow!("no running mesh found ({} is missing): start one with `minimesh up`, or point --home at its directory", path.display())
+        })?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a mesh state file", path.display()))
+    }
+
+    /// Number of discovery clients (sidecars and the ingress).
+    pub fn proxies(&self) -> usize {
+        self.pods.len() + usize::from(self.ingress.is_some())
+    }
+}
+
+/// A running local mesh; dropping it kills every process.
+pub struct Mesh {
+    /// Where it runs.
+    pub state: MeshState,
+    /// State directory.
+    pub home: PathBuf,
+    children: Vec<(String, Child)>,
+}
+
+/// Finds a sibling binary of the running `minimesh`.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the minimesh binary")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("minimesh binary has no directory"))?;
+    // Test binaries live one level down, in deps/.
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "cannot find the {name} binary next to minimesh (in {}); build every binary with `cargo build --release`",
+        dir.display()
+    )
+}
+
+fn offset(net: Ipv4Addr, host: u8) -> Ipv4Addr {
+    let o = net.octets();
+    Ipv4Addr::new(o[0], o[1], o[2], host)
+}
+
+impl Mesh {
+    /// Starts everything the topology describes and waits until every proxy
+    /// has ACKed the config with every endpoint in it.
+    pub async fn start(home: &Path, args: &UpArgs) -> anyhow::Result<Mesh> {
+        let topo = Topology::load(&args.topology)?;
+        let net = args.network.unwrap_or(topo.spec.network);
+        if !net.is_loopback() {
+            bail!("network {net} is not in 127.0.0.0/8: local meshes use loopback addresses only");
+        }
+        let ns = topo.spec.namespace.clone();
+        let config_dir = home.join("config");
+        let logs = home.join("logs");
+        if config_dir.exists() {
+            std::fs::remove_dir_all(&config_dir)
+                .with_context(|| format!("clearing {}", config_dir.display()))?;
+        }
+        for d in [
+            config_dir.join("services"),
+            config_dir.join("rules"),
+            logs.clone(),
+        ] {
+            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let cp_ip = offset(net, 254);
+        let mut pods = Vec::new();
+        let mut next = 1u8;
+        for svc in &topo.spec.services {
+            for d in &svc.deployments {
+                for i in 0..d.replicas {
+                    pods.push((
+                        Pod {
+                            name: format!("{}-{i}", d.name),
+                            service: svc.name.clone(),
+                            deployment: d.name.clone(),
+                            ip: offset(net, next),
+                            port: svc.target_port,
+                        },
+                        d.env.clone(),
+                    ));
+                    next += 1;
+                }
+            }
+        }
+        let ingress = topo
+            .spec
+            .ingress
+            .as_ref()
+            .map(|i| args.ingress.unwrap_or(i.listen));
+        let state = MeshState {
+            name: topo.metadata.name.clone(),
+            namespace: ns.clone(),
+            config_dir: std::path::absolute(&config_dir)?,
+            control_plane_admin: SocketAddr::from((cp_ip, CP_ADMIN_PORT)),
+            control_plane_xds: SocketAddr::from((cp_ip, XDS_PORT)),
+            ingress,
+            ingress_admin: ingress
+                .map(|_| SocketAddr::from((offset(net, 253), SIDECAR_ADMIN_PORT))),
+            pods: pods.iter().map(|(p, _)| p.clone()).collect(),
+            pid: std::process::id(),
+        };
+        let mut mesh = Mesh {
+            state,
+            home: home.to_path_buf(),
+            children: Vec::new(),
+        };
+        // Services first (no endpoints yet), so that routes exist from the start.
+        for svc in &topo.spec.services {
+            mesh.write_service(&svc.name, svc.port, svc.target_port, false)?;
+        }
+        let cp = binary("control-plane")?;
+        let s = mesh.state.clone();
+        mesh.spawn(
+            "control-plane",
+            Command::new(&cp)
+                .arg("--config-dir")
+                .arg(&s.config_dir)
+                .args(["--default-namespace", &ns])
+                .args(["--xds-addr", &s.control_plane_xds.to_string()])
+                .args(["--admin-addr", &s.control_plane_admin.to_string()]),
+        )?;
+        wait_http(
+            &s.control_plane_admin.to_string(),
+            "/readyz",
+            Duration::from_secs(15),
+            &mut mesh,
+        )
+        .await?;
+
+        let sidecar = binary("sidecar")?;
+        let app = binary("fake-service")?;
+        let xds = format!("http://{}", s.control_plane_xds);
+        for (pod, env) in &pods {
+            let mut cmd = Command::new(&app);
+            cmd.env("LISTEN_ADDR", pod.app().to_string())
+                .env("NAME", &pod.service)
+                .env("HTTP_PROXY", format!("http://{}:{OUTBOUND_PORT}", pod.ip));
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            mesh.spawn(&format!("{}.app", pod.name), &mut cmd)?;
+            mesh.spawn(
+                &format!("{}.sidecar", pod.name),
+                Command::new(&sidecar)
+                    .args([
+                        "--xds-addr",
+                        &xds,
+                        "--workload",
+                        &pod.name,
+                        "--namespace",
+                        &ns,
+                    ])
+                    .args(["--outbound", &format!("{}:{OUTBOUND_PORT}", pod.ip)])
+                    .args(["--inbound", &format!("{}:{}", pod.ip, pod.port)])
+                    .args(["--app", &pod.app().to_string()])
+                    .args(["--admin", &pod.admin().to_string()]),
+            )?;
+        }
+        if let (Some(listen), Some(admin), Some(ing)) =
+            (s.ingress, s.ingress_admin, &topo.spec.ingress)
+        {
+            let mut cmd = Command::new(&sidecar);
+            cmd.args([
+                "--mode",
+                "gateway",
+                "--xds-addr",
+                &xds,
+                "--workload",
+                "ingress-gateway",
+                "--namespace",
+                &ns,
+            ])
+            .args([
+                "--outbound",
+                &listen.to_string(),
+                "--admin",
+                &admin.to_string(),
+            ]);
+            for (host, svc) in &ing.hosts {
+                cmd.args(["--route", &format!("{host}={svc}.{ns}")]);
+            }
+            if let Some(d) = &ing.default_service {
+                cmd.args(["--default-route", &format!("{d}.{ns}")]);
+            }
+            mesh.spawn("ingress-gateway", &mut cmd)?;
+            wait_http(
+                &admin.to_string(),
+                "/ready",
+                Duration::from_secs(15),
+                &mut mesh,
+            )
+            .await?;
+        }
+        for (pod, _) in &pods {
+            wait_http(
+                &pod.app().to_string(),
+                "/health",
+                Duration::from_secs(15),
+                &mut mesh,
+            )
+            .await?;
+            wait_http(
+                &pod.admin().to_string(),
+                "/ready",
+                Duration::from_secs(15),
+                &mut mesh,
+            )
+            .await?;
+        }
+        // Every pod is up: publish the endpoints, as the endpoint controller would.
+        for svc in &topo.spec.services {
+            mesh.write_service(&svc.name, svc.port, svc.target_port, true)?;
+        }
+        let base = args.topology.parent().unwrap_or(Path::new("."));
+        for rule in &topo.spec.rules {
+            let path = base.join(rule);
+            crate::apply::apply_file(&mesh.state, &path)?;
+        }
+        std::fs::write(
+            home.join("mesh.json"),
+            serde_json::to_string_pretty(&mesh.state)?,
+        )?;
+        wait_converged(&mesh.state, Duration::from_secs(20)).await?;
+        Ok(mesh)
+    }
+
+    fn spawn(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+        let log_path = self.home.join("logs").join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let err = log.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.children.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// A process that exited, with its status, if any did.
+    pub fn exited(&mut self) -> Option<String> {
+        for (name, child) in &mut self.children {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(format!(
+                    "{name} exited ({status}); see {}",
+                    self.home.join("logs").join(format!("{name}.log")).display()
+                ));
+            }
+        }
+        None
+    }
+
+    /// Writes the Service and EndpointSlice of a service (all its pods ready, or none listed).
+    pub fn write_service(
+        &self,
+        name: &str,
+        port: u16,
+        target_port: u16,
+        with_endpoints: bool,
+    ) -> anyhow::Result<()> {
+        let ns = &self.state.namespace;
+        let mut y = format!(
+            "# Written by minimesh up, as a cluster's endpoint controller would.\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}\n    protocol: TCP\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-local\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: {target_port}\n  protocol: TCP\nendpoints:"
+        );
+        let pods: Vec<&Pod> = self
+            .state
+            .pods
+            .iter()
+            .filter(|p| p.service == name && with_endpoints)
+            .collect();
+        if pods.is_empty() {
+            y.push_str(" []\n");
+        } else {
+            y.push('\n');
+            for p in pods {
+                let _ = write!(
+                    y,
+                    "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  targetRef: {{kind: Pod, name: {}, namespace: {ns}}}\n  zone: local\n",
+                    p.ip, p.name
+                );
+            }
+        }
+        write_atomic(
+            &self
+                .state
+                .config_dir
+                .join("services")
+                .join(format!("{name}.yaml")),
+            &y,
+        )
+    }
+
+    /// Kills every process and waits for them.
+    pub async fn stop(mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.start_kill();
+        }
+        for (_, c) in &mut self.children {
+            let _ = c.wait().await;
+        }
+        let _ = std::fs::remove_file(self.home.join("mesh.json"));
+    }
+}
+
+/// Writes a file by renaming a temporary one, so that the control plane
+/// never reads half a file.
+pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no directory", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+async fn wait_http(
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+    mesh: &mut Mesh,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok((200, _)) = http::get(addr, path).await {
+            return Ok(());
+        }
+        if let Some(exit) = mesh.exited() {
+            bail!("{exit}");
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "{addr}{path} not ready after {timeout:?}; logs are in {}",
+                mesh.home.join("logs").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every proxy of the mesh is connected and has ACKed the
+/// latest version of every type.
+pub async fn wait_converged(state: &MeshState, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let admin = state.control_plane_admin.to_string();
+    let mut last;
+    loop {
+        match http::get_json(&admin, "/debug/proxies").await {
+            Ok(v) => {
+                let proxies = v.as_array().cloned().unwrap_or_default();
+                let synced = proxies
+                    .iter()
+                    .filter(|p| {
+                        let types = p["types"].as_object();
+                        types.is_some_and(|t| {
+                            t.len() == 3
+                                && t.values()
+                                    .all(|s| !s["sent"].is_null() && s["sent"] == s["acked"])
+                        })
+                    })
+                    .count();
+                if proxies.len() >= state.proxies() && synced == proxies.len() {
+                    return Ok(());
+                }
+                last = format!("{synced} of {} proxies in sync", state.proxies());
+            }
+            Err(e) => last = e.to_string(),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("mesh did not converge within {timeout:?}: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `minimesh up`.
+pub async fn up(home: PathBuf, args: UpArgs) -> anyhow::Result<()> {
+    println!("starting mesh from {} ...", args.topology.display());
+    let mut mesh = Mesh::start(&home, &args).await?;
+    print_summary(&mesh.state);
+    let result = loop {
+        tokio::select! {
+            _ = minimesh_control_plane::shutdown_signal() => break Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if let Some(exit) = mesh.exited() {
+                    break Err(anyhow!("{exit}"));
+                }
+            }
+        }
+    };
+    println!("stopping mesh ...");
+    mesh.stop().await;
+    result
+}
+
+/// Prints what runs where.
+pub fn print_summary(s: &MeshState) {
+    println!("mesh {:?} is up (namespace {}):", s.name, s.namespace);
+    println!(
+        "  control plane   xds {}  admin http://{}",
+        s.control_plane_xds, s.control_plane_admin
+    );
+    if let (Some(i), Some(a)) = (s.ingress, s.ingress_admin) {
+        println!("  ingress         http://{i}  admin http://{a}");
+    }
+    let mut by_svc: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for p in &s.pods {
+        by_svc.entry(&p.service).or_default().push(p);
+    }
+    for (svc, pods) in by_svc {
+        for p in pods {
+            println!(
+                "  {svc:<15} pod {:<20} endpoint {}:{}  app {}  sidecar admin http://{}",
+                p.name,
+                p.ip,
+                p.port,
+                p.app(),
+                p.admin()
+            );
+        }
+    }
+    println!("  config dir      {}", s.config_dir.display());
+    println!("Ctrl-C stops everything.");
+}

@@ -1,0 +1,152 @@
+//! The local topology file (`kind: LocalMesh`): which services, deployments
+//! and replicas `minimesh up` starts, with each deployment's fake-service
+//! environment, the ingress and the rules applied at start.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// A topology document.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Topology {
+    /// `minimesh.io/v1alpha1`.
+    pub api_version: String,
+    /// `LocalMesh`.
+    pub kind: String,
+    /// Name of the mesh.
+    pub metadata: Metadata,
+    /// The mesh.
+    pub spec: Spec,
+}
+
+/// Topology metadata.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// Mesh name.
+    pub name: String,
+}
+
+/// `spec` of a topology.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    /// Namespace of every service (and of rules that name none).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Pods get addresses .1, .2, … of this /24 (every 127.x.y.z is loopback
+    /// on Linux); the control plane .254, the ingress admin .253.
+    #[serde(default = "default_network")]
+    pub network: Ipv4Addr,
+    /// The ingress gateway.
+    #[serde(default)]
+    pub ingress: Option<Ingress>,
+    /// Services and their deployments.
+    pub services: Vec<ServiceDef>,
+    /// Rule files applied at start, relative to the topology file.
+    #[serde(default)]
+    pub rules: Vec<PathBuf>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_network() -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 1, 0)
+}
+
+/// The ingress gateway.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ingress {
+    /// Public listener.
+    #[serde(default = "default_ingress")]
+    pub listen: SocketAddr,
+    /// Host name -> service (in the mesh namespace).
+    #[serde(default)]
+    pub hosts: BTreeMap<String, String>,
+    /// Service for any other host.
+    #[serde(default)]
+    pub default_service: Option<String>,
+}
+
+fn default_ingress() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 30000))
+}
+
+/// A service: a Kubernetes Service and the deployments behind it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceDef {
+    /// Service name.
+    pub name: String,
+    /// Service port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Pod port (where each pod's inbound listener takes traffic).
+    #[serde(default = "default_target_port")]
+    pub target_port: u16,
+    /// Deployments selected by the service.
+    pub deployments: Vec<Deployment>,
+}
+
+fn default_port() -> u16 {
+    80
+}
+
+fn default_target_port() -> u16 {
+    9090
+}
+
+/// A deployment: replicas of fake-service with one environment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Deployment {
+    /// Deployment name; pods are `<name>-0`, `<name>-1`, …
+    pub name: String,
+    /// Number of pods.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// fake-service environment (MESSAGE, TIMING_50_PERCENTILE, UPSTREAM_URIS, …).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Most pods a topology may have: addresses .1 to .250 of its /24.
+pub const MAX_PODS: usize = 250;
+
+impl Topology {
+    /// Reads and checks a topology file.
+    pub fn load(path: &Path) -> anyhow::Result<Topology> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let t: Topology = serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if t.kind != "LocalMesh" {
+            bail!("{}: kind: {:?} is not LocalMesh", path.display(), t.kind);
+        }
+        let pods: usize = t
+            .spec
+            .services
+            .iter()
+            .flat_map(|s| &s.deployments)
+            .map(|d| d.replicas as usize)
+            .sum();
+        if pods > MAX_PODS {
+            bail!(
+                "{}: spec.services: {pods} pods, more than the {MAX_PODS} one /24 network holds",
+                path.display()
+            );
+        }
+        Ok(t)
+    }
+}

@@ -1,0 +1,206 @@
+//! Sidecar admin HTTP: `/healthz`, `/ready` (200 once config arrived),
+//! `/metrics` (Prometheus text) and `/debug/config` (clusters, endpoints and
+//! their live state as JSON).
+
+use std::convert::Infallible;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tracing::debug;
+
+use crate::routing::Routing;
+
+/// What the admin server reads.
+pub struct Admin {
+    /// Outbound routing.
+    pub routing: Arc<ArcSwap<Routing>>,
+    /// Config received.
+    pub ready: Arc<AtomicBool>,
+    /// Node id, for the debug view.
+    pub node_id: String,
+}
+
+/// Serves the admin API forever.
+pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(handle(&admin, &req)) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                debug!(error = %e, "admin connection ended");
+            }
+        });
+    }
+}
+
+fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        "/ready" => {
+            if admin.ready.load(Ordering::Relaxed) {
+                text(StatusCode::OK, "ready\n".into(), "text/plain")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "waiting for config from the control plane\n".into(),
+                    "text/plain",
+                )
+            }
+        }
+        "/metrics" => text(
+            StatusCode::OK,
+            metrics(admin),
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
+        "/debug/config" => text(
+            StatusCode::OK,
+            format!("{:#}\n", config(admin)),
+            "application/json",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /healthz /ready /metrics /debug/config\n".into(),
+            "text/plain",
+        ),
+    }
+}
+
+fn config(admin: &Admin) -> serde_json::Value {
+    let routing = admin.routing.load();
+    let clusters: serde_json::Map<String, serde_json::Value> = routing
+        .clusters
+        .iter()
+        .map(|(name, c)| {
+            let eps: Vec<_> = c
+                .balancer
+                .endpoints()
+                .iter()
+                .map(|e| {
+                    json!({
+                        "address": e.addr.to_string(),
+                        "pod": e.pod,
+                        "active": e.active.load(Ordering::Relaxed),
+                        "failing": e.is_failing(),
+                        "requests": e.counters.issued.load(Ordering::Relaxed),
+                    })
+                })
+                .collect();
+            (
+                name.clone(),
+                json!({"policy": c.balancer.policy().as_str(), "rule": c.rule, "endpoints": eps}),
+            )
+        })
+        .collect();
+    let mut hosts: Vec<&String> = routing.hosts.keys().collect();
+    hosts.sort();
+    json!({"node": admin.node_id, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
+}
+
+fn metrics(admin: &Admin) -> String {
+    let routing = admin.routing.load();
+    let mut out = String::new();
+    let series: [(&str, &str, &str); 5] = [
+        (
+            "minimesh_endpoint_requests_total",
+            "counter",
+            "Requests sent to the endpoint",
+        ),
+        (
+            "minimesh_endpoint_responses_total",
+            "counter",
+            "Responses and failures by outcome",
+        ),
+        (
+            "minimesh_endpoint_active_requests",
+            "gauge",
+            "Requests in flight to the endpoint",
+        ),
+        (
+            "minimesh_endpoint_connect_failures_total",
+            "counter",
+            "Refused or failed connections",
+        ),
+        (
+            "minimesh_endpoint_failing",
+            "gauge",
+            "1 while the endpoint is skipped after a connect failure",
+        ),
+    ];
+    for (name, kind, help) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (cname, c) in &routing.clusters {
+            for e in c.balancer.endpoints() {
+                let labels = format!(
+                    "cluster=\"{cname}\",endpoint=\"{}\",pod=\"{}\"",
+                    e.addr, e.pod
+                );
+                let k = &e.counters;
+                match name {
+                    "minimesh_endpoint_requests_total" => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels}}} {}",
+                            k.issued.load(Ordering::Relaxed)
+                        );
+                    }
+                    "minimesh_endpoint_responses_total" => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels},outcome=\"success\"}} {}",
+                            k.succeeded.load(Ordering::Relaxed)
+                        );
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels},outcome=\"failure\"}} {}",
+                            k.failed.load(Ordering::Relaxed)
+                        );
+                    }
+                    "minimesh_endpoint_active_requests" => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels}}} {}",
+                            e.active.load(Ordering::Relaxed)
+                        );
+                    }
+                    "minimesh_endpoint_connect_failures_total" => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels}}} {}",
+                            k.connect_failures.load(Ordering::Relaxed)
+                        );
+                    }
+                    _ => {
+                        let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(e.is_failing()));
+                    }
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "# HELP minimesh_config_ready 1 once config arrived\n# TYPE minimesh_config_ready gauge\nminimesh_config_ready {}", u8::from(admin.ready.load(Ordering::Relaxed)));
+    out
+}
+
+fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}

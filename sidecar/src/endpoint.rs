@@ -1,0 +1,119 @@
+//! Per-endpoint state shared by every request and kept across config
+//! updates: active requests, passive failure marks and counters, all atomics.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use crate::clock;
+
+/// How long an endpoint that refused a connection is skipped, doubling on
+/// each consecutive failure up to [`MAX_BACKOFF_MS`]. Short enough that a
+/// restarted replica is back within a second, long enough that a dead one
+/// costs at most one failed connect (retried elsewhere) per window.
+pub const BASE_BACKOFF_MS: u64 = 250;
+/// Upper bound of the failure backoff.
+pub const MAX_BACKOFF_MS: u64 = 10_000;
+
+/// Counters exported per endpoint (and later reported to the control plane).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests sent.
+    pub issued: AtomicU64,
+    /// Responses with a status below 500.
+    pub succeeded: AtomicU64,
+    /// 5xx responses and transport failures.
+    pub failed: AtomicU64,
+    /// Connect failures.
+    pub connect_failures: AtomicU64,
+    /// Sum of latencies in microseconds.
+    pub latency_us_sum: AtomicU64,
+}
+
+/// One endpoint of one cluster.
+#[derive(Debug)]
+pub struct EndpointState {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// `addr` as a URI authority, for upstream request URIs.
+    pub authority: http::uri::Authority,
+    /// `addr` as a header value, for `x-minimesh-endpoint`.
+    pub header: HeaderValue,
+    /// Pod name, for metrics and debugging.
+    pub pod: String,
+    /// Requests in flight.
+    pub active: AtomicU32,
+    /// Consecutive connect failures.
+    pub consecutive_failures: AtomicU32,
+    /// Skip until this [`clock::now_ms`] value.
+    pub fail_until_ms: AtomicU64,
+    /// Counters.
+    pub counters: Counters,
+}
+
+impl EndpointState {
+    /// New state for `addr`.
+    pub fn new(addr: SocketAddr, pod: String) -> Arc<Self> {
+        let text = addr.to_string();
+        Arc::new(EndpointState {
+            addr,
+            authority: http::uri::Authority::try_from(text.as_str())
+                .unwrap_or(http::uri::Authority::from_static("invalid")),
+            header: HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("invalid")),
+            pod,
+            active: AtomicU32::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            fail_until_ms: AtomicU64::new(0),
+            counters: Counters::default(),
+        })
+    }
+
+    /// True while the endpoint is backing off after a connect failure.
+    #[inline]
+    pub fn is_failing(&self) -> bool {
+        self.fail_until_ms.load(Ordering::Relaxed) > clock::now_ms()
+    }
+
+    /// Records a refused or failed connection: the endpoint is skipped at once.
+    pub fn mark_connect_failure(&self) {
+        let n = self
+            .consecutive_failures
+            .fetch_add(1, Ordering::Relaxed)
+            .min(16);
+        let backoff = (BASE_BACKOFF_MS << n).min(MAX_BACKOFF_MS);
+        self.fail_until_ms
+            .store(clock::precise_ms() + backoff, Ordering::Relaxed);
+        self.counters
+            .connect_failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a response: the endpoint is reachable again.
+    #[inline]
+    pub fn mark_reachable(&self) {
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            self.fail_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a request in flight until the guard is dropped.
+    #[inline]
+    pub fn start(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.counters.issued.fetch_add(1, Ordering::Relaxed);
+        ActiveGuard(self.clone())
+    }
+}
+
+/// Decrements the endpoint's active count when dropped.
+#[derive(Debug)]
+pub struct ActiveGuard(Arc<EndpointState>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,382 @@
+//! HTTP proxying: the listeners (outbound, inbound, gateway all share this
+//! code) and the forwarding path with retries.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::endpoint::{ActiveGuard, EndpointState};
+use crate::routing::{ClusterHandle, Routing};
+
+/// Request bodies up to this size are buffered so that a retry can resend
+/// them; larger or unknown-length bodies stream through without retries.
+pub const MAX_BUFFERED_BODY: u64 = 64 * 1024;
+/// Base of the backoff before a retry on the same endpoint (Istio's 25 ms).
+const RETRY_BACKOFF: Duration = Duration::from_millis(25);
+
+/// Header on every response minimesh generates itself, with the reason.
+pub const ERROR_HEADER: &str = "x-minimesh-error";
+/// Header naming the endpoint that served a proxied response.
+pub const ENDPOINT_HEADER: &str = "x-minimesh-endpoint";
+
+/// Body sent upstream.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+/// Body sent back to the caller.
+pub type ResponseBody = Either<Tracked, Full<Bytes>>;
+/// The pooled upstream client (keep-alive connections per endpoint).
+pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+
+/// Builds the upstream client: keep-alive pools per endpoint, Nagle off.
+pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
+
+/// One listener's proxy: where its routing comes from and how it forwards.
+pub struct Proxy {
+    /// Routing table, swapped on config changes.
+    pub routing: Arc<ArcSwap<Routing>>,
+    /// Upstream client.
+    pub client: UpstreamClient,
+    /// False until the first complete config arrived.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Handles one request.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ResponseBody>, Infallible> {
+        if req.method() == Method::CONNECT {
+            return Ok(local(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not supported",
+            ));
+        }
+        let routing = self.routing.load_full();
+        let authority = request_authority(&req);
+        let Some(cluster) = authority
+            .as_deref()
+            .and_then(|a| routing.lookup(a))
+            .or(routing.fallback.as_ref())
+        else {
+            if !self.ready.load(Ordering::Relaxed) {
+                return Ok(local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no config from the control plane yet",
+                ));
+            }
+            let reason = match authority {
+                Some(a) => format!("no route for host {a}"),
+                None => "request names no host".to_string(),
+            };
+            return Ok(local(StatusCode::NOT_FOUND, &reason));
+        };
+        let cluster = cluster.clone();
+        let forwarded = match cluster.timeout {
+            None => forward(&self.client, &cluster, req, authority).await,
+            Some(t) => {
+                match tokio::time::timeout(t, forward(&self.client, &cluster, req, authority)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
+                }
+            }
+        };
+        Ok(forwarded)
+    }
+}
+
+fn request_authority(req: &Request<Incoming>) -> Option<String> {
+    if let Some(a) = req.uri().authority() {
+        return Some(a.as_str().to_string());
+    }
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+}
+
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(conn) = headers.get(header::CONNECTION).cloned() {
+        if let Ok(list) = conn.to_str() {
+            for name in list.split(',') {
+                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                    headers.remove(n);
+                }
+            }
+        }
+    }
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+async fn forward(
+    client: &UpstreamClient,
+    cluster: &ClusterHandle,
+    req: Request<Incoming>,
+    authority: Option<String>,
+) -> Response<ResponseBody> {
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(v) = authority
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+
+    // Buffer small bodies so that a retry can resend them.
+    let hint = body.size_hint();
+    let (buffered, mut streaming) = if body.is_end_stream() {
+        (Some(Bytes::new()), None)
+    } else if hint.upper().is_some_and(|u| u <= MAX_BUFFERED_BODY) {
+        match body.collect().await {
+            Ok(c) => (Some(c.to_bytes()), None),
+            Err(e) => {
+                return local(
+                    StatusCode::BAD_REQUEST,
+                    &format!("reading request body: {e}"),
+                )
+            }
+        }
+    } else {
+        (None, Some(body))
+    };
+    let attempts = if buffered.is_some() {
+        1 + cluster.retry_attempts
+    } else {
+        1
+    };
+    let mut last: Option<Arc<EndpointState>> = None;
+    let mut last_error = String::new();
+    for attempt in 0..attempts {
+        let Some(ep) = cluster.balancer.pick(last.as_ref()).cloned() else {
+            return local(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("no healthy endpoints in cluster {}", cluster.name),
+            );
+        };
+        if attempt > 0 && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &ep)) {
+            tokio::time::sleep(RETRY_BACKOFF * (1 << (attempt - 1).min(4))).await;
+        }
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(ep.authority.clone())
+            .path_and_query(path.clone())
+            .build();
+        let Ok(uri) = uri else {
+            return local(StatusCode::BAD_REQUEST, "bad request path");
+        };
+        let up_body = match (&buffered, streaming.take()) {
+            (Some(b), _) => Either::Left(Full::new(b.clone())),
+            (None, Some(s)) => Either::Right(s),
+            (None, None) => return local(StatusCode::BAD_GATEWAY, "request body already sent"),
+        };
+        let mut up = Request::new(up_body);
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        *up.version_mut() = Version::HTTP_11;
+        *up.headers_mut() = if attempt + 1 < attempts {
+            parts.headers.clone()
+        } else {
+            std::mem::take(&mut parts.headers)
+        };
+        let guard = ep.start();
+        let started = tokio::time::Instant::now();
+        match client.request(up).await {
+            Ok(resp) => {
+                ep.mark_reachable();
+                let elapsed = started.elapsed().as_micros() as u64;
+                let c = &ep.counters;
+                c.latency_us_sum.fetch_add(elapsed, Ordering::Relaxed);
+                if resp.status().is_server_error() {
+                    c.failed.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    c.succeeded.fetch_add(1, Ordering::Relaxed);
+                }
+                let (mut rp, rb) = resp.into_parts();
+                strip_hop_by_hop(&mut rp.headers);
+                rp.headers
+                    .insert(HeaderName::from_static(ENDPOINT_HEADER), ep.header.clone());
+                return Response::from_parts(
+                    rp,
+                    Either::Left(Tracked {
+                        inner: rb,
+                        _guard: guard,
+                    }),
+                );
+            }
+            Err(e) if e.is_connect() => {
+                debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "connect failed; retrying elsewhere");
+                ep.mark_connect_failure();
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("connect to {} failed: {}", ep.addr, source_chain(&e));
+                last = Some(ep);
+                drop(guard);
+                if buffered.is_none() {
+                    break;
+                }
+            }
+            Err(e) => {
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                return local(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("upstream {} failed: {}", ep.addr, source_chain(&e)),
+                );
+            }
+        }
+    }
+    local(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("all {attempts} attempts failed; last: {last_error}"),
+    )
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A response minimesh answers itself, with the reason in a header and the body.
+pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
+    let mut r = Response::new(Either::Right(Full::new(Bytes::from(format!(
+        "minimesh: {reason}\n"
+    )))));
+    *r.status_mut() = status;
+    let v = HeaderValue::from_str(reason).unwrap_or(HeaderValue::from_static("see body"));
+    r.headers_mut()
+        .insert(HeaderName::from_static(ERROR_HEADER), v);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// An upstream response body that keeps its endpoint's active count until
+/// the body is done.
+pub struct Tracked {
+    inner: Incoming,
+    _guard: ActiveGuard,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Accepts connections on `listener` (HTTP/1.1 and HTTP/2 cleartext) until
+/// `shutdown` turns true, then lets requests in flight finish (up to `drain`).
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let local_addr: Option<SocketAddr> = listener.local_addr().ok();
+    info!(listener = name, addr = ?local_addr, "listening");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        warn!(listener = name, error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let proxy = proxy.clone();
+                let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req));
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!(%peer, error = %e, "connection ended");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            listener = name,
+            "requests still in flight after the drain time; closing"
+        );
+    }
+}

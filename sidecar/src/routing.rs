@@ -1,0 +1,197 @@
+//! The sidecar's view of the mesh: authority -> cluster -> balancer. Built
+//! from discovery resources off the request path and swapped in atomically;
+//! a request holds the snapshot it started with until it completes, so a
+//! config change never fails a request in flight.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Route};
+
+use crate::balance::{Balancer, Policy};
+use crate::endpoint::EndpointState;
+
+/// A cluster ready to serve requests.
+pub struct ClusterHandle {
+    /// Cluster name.
+    pub name: Arc<str>,
+    /// Endpoints and picker.
+    pub balancer: Balancer,
+    /// Retries after the first attempt on connect failure.
+    pub retry_attempts: u32,
+    /// Whole-request timeout.
+    pub timeout: Option<Duration>,
+    /// The rule in force (`namespace/name`), empty for the default policy.
+    pub rule: String,
+}
+
+/// Immutable routing table.
+#[derive(Default)]
+pub struct Routing {
+    /// Lower-case authority (`svc`, `svc.ns`, … with or without `:port`) -> cluster.
+    pub hosts: HashMap<String, Arc<ClusterHandle>>,
+    /// Clusters by name.
+    pub clusters: BTreeMap<String, Arc<ClusterHandle>>,
+    /// Cluster for authorities that match nothing (gateway catch-all).
+    pub fallback: Option<Arc<ClusterHandle>>,
+}
+
+impl Routing {
+    /// The cluster for an authority, case-insensitively, ignoring a trailing dot.
+    #[inline]
+    pub fn lookup(&self, authority: &str) -> Option<&Arc<ClusterHandle>> {
+        let a = authority.strip_suffix('.').unwrap_or(authority);
+        let found = if a.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.hosts.get(&a.to_ascii_lowercase())
+        } else {
+            self.hosts.get(a)
+        };
+        found.or(self.fallback.as_ref())
+    }
+}
+
+/// Where requests for hosts outside the mesh's names go (gateway mode).
+#[derive(Clone, Debug, Default)]
+pub struct HostAliases {
+    /// Extra authority -> `service.namespace`.
+    pub aliases: Vec<(String, String)>,
+    /// `service.namespace` for any other authority.
+    pub fallback: Option<String>,
+}
+
+/// The raw resources last accepted, and the endpoint states to keep across
+/// rebuilds.
+#[derive(Default)]
+pub struct Resources {
+    /// Clusters by name.
+    pub clusters: BTreeMap<String, Cluster>,
+    /// Endpoint assignments by cluster name.
+    pub endpoints: BTreeMap<String, ClusterLoadAssignment>,
+    /// Routes by `service.namespace`.
+    pub routes: BTreeMap<String, Route>,
+    states: HashMap<(String, SocketAddr), Arc<EndpointState>>,
+}
+
+/// Checks a cluster the sidecar is about to accept.
+pub fn validate_cluster(c: &Cluster) -> Result<(), String> {
+    Policy::from_wire(c.policy).map(|_| ())
+}
+
+/// Checks an endpoint assignment.
+pub fn validate_endpoints(cla: &ClusterLoadAssignment) -> Result<(), String> {
+    for e in &cla.endpoints {
+        e.address
+            .parse::<SocketAddr>()
+            .map_err(|_| format!("endpoint address {:?} is not ip:port", e.address))?;
+    }
+    Ok(())
+}
+
+impl Resources {
+    /// Builds the routing table for a proxy in `namespace`.
+    pub fn build(&mut self, namespace: &str, aliases: &HostAliases) -> Routing {
+        let mut clusters = BTreeMap::new();
+        let mut states = HashMap::new();
+        for (name, c) in &self.clusters {
+            let Ok(policy) = Policy::from_wire(c.policy) else {
+                continue; // validated on receipt; unreachable in practice
+            };
+            let cla = self.endpoints.get(name);
+            let all: Vec<_> = cla
+                .map(|c| c.endpoints.as_slice())
+                .unwrap_or(&[])
+                .iter()
+                .collect();
+            let healthy: Vec<_> = all
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        HealthStatus::try_from(e.health),
+                        Ok(HealthStatus::Healthy) | Ok(HealthStatus::HealthUnknown)
+                    )
+                })
+                .copied()
+                .collect();
+            // Draining endpoints serve only when nothing healthy is left.
+            let chosen = if healthy.is_empty() {
+                all.iter()
+                    .filter(|e| e.health == HealthStatus::Draining as i32)
+                    .copied()
+                    .collect()
+            } else {
+                healthy
+            };
+            let mut eps = Vec::with_capacity(chosen.len());
+            for e in chosen {
+                let Ok(addr) = e.address.parse::<SocketAddr>() else {
+                    continue;
+                };
+                let key = (name.clone(), addr);
+                let state = self
+                    .states
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| EndpointState::new(addr, e.pod.clone()));
+                states.insert(key, state.clone());
+                eps.push((state, e.weight.max(1)));
+            }
+            clusters.insert(
+                name.clone(),
+                Arc::new(ClusterHandle {
+                    name: name.as_str().into(),
+                    balancer: Balancer::new(policy, eps),
+                    retry_attempts: c.retry_attempts,
+                    timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
+                    rule: c.rule.clone(),
+                }),
+            );
+        }
+        self.states = states;
+
+        let mut hosts = HashMap::new();
+        let mut default_of = HashMap::new();
+        for r in self.routes.values() {
+            let mut names = vec![
+                format!("{}.{}", r.service, r.namespace),
+                format!("{}.{}.svc", r.service, r.namespace),
+                format!("{}.{}.svc.cluster.local", r.service, r.namespace),
+            ];
+            if r.namespace == namespace {
+                names.push(r.service.clone());
+            }
+            for pc in &r.ports {
+                let Some(c) = clusters.get(&pc.cluster) else {
+                    continue;
+                };
+                for n in &names {
+                    hosts.insert(format!("{n}:{}", pc.port), c.clone());
+                    if pc.port == r.default_port {
+                        hosts.insert(n.clone(), c.clone());
+                    }
+                }
+                if pc.port == r.default_port {
+                    default_of.insert(format!("{}.{}", r.service, r.namespace), c.clone());
+                }
+            }
+        }
+        for (alias, svc) in &aliases.aliases {
+            if let Some(c) = default_of.get(svc) {
+                hosts.insert(alias.to_ascii_lowercase(), c.clone());
+                hosts
+                    .entry(format!("{}:80", alias.to_ascii_lowercase()))
+                    .or_insert(c.clone());
+            }
+        }
+        let fallback = aliases
+            .fallback
+            .as_ref()
+            .and_then(|s| default_of.get(s).cloned());
+        Routing {
+            hosts,
+            clusters,
+            fallback,
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Subscribes to every resource type, validates what arrives, and swaps in a
+//! new routing table for each accepted response. A response with anything
+//! this sidecar cannot use is NACKed as a whole with the reason, and the last
+//! good config stays in force. Losing the control plane changes nothing for
+//! requests: the last config keeps serving while the client reconnects.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use minimesh_proto::prost::Message;
+use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use minimesh_proto::v1::{
+    Cluster, ClusterLoadAssignment, DiscoveryRequest, DiscoveryResponse, ErrorDetail, Node, Route,
+};
+use minimesh_proto::{ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{info, warn};
+
+use crate::balance::rng;
+use crate::routing::{validate_cluster, validate_endpoints, HostAliases, Resources, Routing};
+
+/// First reconnect delay; doubles up to [`MAX_BACKOFF`], each delay jittered
+/// to between half and all of it so that sidecars do not reconnect in step.
+const BASE_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The discovery client of one sidecar.
+pub struct XdsClient {
+    /// `http://host:port` of the control plane.
+    pub address: String,
+    /// This proxy's identity.
+    pub node: Node,
+    /// Extra host names (gateway mode).
+    pub aliases: HostAliases,
+    /// Where accepted config goes.
+    pub routing: Arc<ArcSwap<Routing>>,
+    /// Set once every type has been received.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl XdsClient {
+    /// Runs forever, reconnecting as needed.
+    pub async fn run(self) {
+        let mut resources = Resources::default();
+        let mut versions: BTreeMap<&'static str, String> = BTreeMap::new();
+        let mut backoff = BASE_BACKOFF;
+        loop {
+            match self.session(&mut resources, &mut versions).await {
+                Ok(true) => backoff = BASE_BACKOFF,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(control_plane = %self.address, error = %e, "discovery stream failed; keeping the last config")
+                }
+            }
+            let half = backoff.as_millis() as u64 / 2;
+            let delay = Duration::from_millis(half + (rng::next() % (half + 1)));
+            tokio::time::sleep(delay).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One stream. Ok(true) when it got at least one response (so the next
+    /// reconnect starts from the base backoff).
+    async fn session(
+        &self,
+        resources: &mut Resources,
+        versions: &mut BTreeMap<&'static str, String>,
+    ) -> anyhow::Result<bool> {
+        let channel = tonic::transport::Endpoint::from_shared(self.address.clone())?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel(16);
+        for t in ALL_TYPES {
+            tx.send(DiscoveryRequest {
+                version_info: versions.get(t).cloned().unwrap_or_default(),
+                node: Some(self.node.clone()),
+                type_url: t.to_string(),
+                ..Default::default()
+            })
+            .await?;
+        }
+        let mut inbound = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        info!(control_plane = %self.address, "discovery stream open");
+        let mut got_any = false;
+        let mut received: BTreeMap<&'static str, bool> = BTreeMap::new();
+        while let Some(resp) = inbound.message().await? {
+            got_any = true;
+            let Some(t) = ALL_TYPES.iter().copied().find(|t| *t == resp.type_url) else {
+                warn!(
+                    type_url = resp.type_url,
+                    "ignoring response of a type never requested"
+                );
+                continue;
+            };
+            let req = match apply(t, &resp, resources) {
+                Ok(()) => {
+                    versions.insert(t, resp.version_info.clone());
+                    received.insert(t, true);
+                    let routing = resources.build(&self.node.namespace, &self.aliases);
+                    info!(
+                        type_url = t,
+                        version = resp.version_info,
+                        clusters = routing.clusters.len(),
+                        "config applied"
+                    );
+                    self.routing.store(Arc::new(routing));
+                    if received.len() == ALL_TYPES.len() {
+                        self.ready.store(true, Ordering::Relaxed);
+                    }
+                    DiscoveryRequest {
+                        version_info: resp.version_info.clone(),
+                        node: None,
+                        type_url: t.to_string(),
+                        response_nonce: resp.nonce.clone(),
+                        ..Default::default()
+                    }
+                }
+                Err(reason) => {
+                    warn!(type_url = t, version = resp.version_info, %reason, "rejecting config (NACK); the last good config stays");
+                    DiscoveryRequest {
+                        version_info: versions.get(t).cloned().unwrap_or_default(),
+                        node: None,
+                        type_url: t.to_string(),
+                        response_nonce: resp.nonce.clone(),
+                        error_detail: Some(ErrorDetail {
+                            code: 3,
+                            message: reason,
+                        }),
+                        ..Default::default()
+                    }
+                }
+            };
+            tx.send(req).await?;
+        }
+        info!(control_plane = %self.address, "discovery stream closed by the control plane");
+        Ok(got_any)
+    }
+}
+
+fn decode_all<M: Message + Default>(resp: &DiscoveryResponse) -> Result<Vec<M>, String> {
+    resp.resources
+        .iter()
+        .map(|any| {
+            if any.type_url != resp.type_url {
+                return Err(format!(
+                    "resource of type {} in a {} response",
+                    any.type_url, resp.type_url
+                ));
+            }
+            M::decode(any.value.as_slice()).map_err(|e| format!("cannot decode resource: {e}"))
+        })
+        .collect()
+}
+
+/// Validates a whole response and, only if all of it is usable, replaces
+/// that type's resources.
+fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), String> {
+    match t {
+        CLUSTER_TYPE => {
+            let items: Vec<Cluster> = decode_all(resp)?;
+            let mut errors = Vec::new();
+            for c in &items {
+                if let Err(e) = validate_cluster(c) {
+                    errors.push(format!("cluster {}: {e}", c.name));
+                }
+            }
+            if !errors.is_empty() {
+                return Err(errors.join("; "));
+            }
+            res.clusters = items.into_iter().map(|c| (c.name.clone(), c)).collect();
+        }
+        ENDPOINTS_TYPE => {
+            let items: Vec<ClusterLoadAssignment> = decode_all(resp)?;
+            let mut errors = Vec::new();
+            for c in &items {
+                if let Err(e) = validate_endpoints(c) {
+                    errors.push(format!("endpoints of {}: {e}", c.cluster_name));
+                }
+            }
+            if !errors.is_empty() {
+                return Err(errors.join("; "));
+            }
+            res.endpoints = items
+                .into_iter()
+                .map(|c| (c.cluster_name.clone(), c))
+                .collect();
+        }
+        ROUTE_TYPE => {
+            let items: Vec<Route> = decode_all(resp)?;
+            res.routes = items
+                .into_iter()
+                .map(|r| (format!("{}.{}", r.service, r.namespace), r))
+                .collect();
+        }
+        _ => return Err(format!("unknown type {t}")),
+    }
+    Ok(())
+}
