@@ -28,6 +28,7 @@ pub fn init_tracing() {
 
 /// Runs `fut` on a multi-threaded runtime; prints `name: error` and exits 1 on failure.
 pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    exit_with_parent(name);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -45,6 +46,26 @@ pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> Ex
             ExitCode::FAILURE
         }
     }
+}
+
+/// When started by `minimesh up` (which sets [`mesh::PARENT_PID_ENV`]),
+/// exits as soon as that parent is gone: the parent cannot clean up after a
+/// SIGKILL, so each child watches for it.
+fn exit_with_parent(name: &str) {
+    let Some(parent) = std::env::var(mesh::PARENT_PID_ENV)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return;
+    };
+    let name = name.to_string();
+    std::thread::spawn(move || loop {
+        if std::os::unix::process::parent_id() != parent {
+            eprintln!("{name}: parent process {parent} is gone; exiting");
+            std::process::exit(1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    });
 }
 
 /// `minimesh` flags.

@@ -42,6 +42,10 @@ pub struct UpArgs {
     pub ingress: Option<SocketAddr>,
 }
 
+/// Set on every process `minimesh up` starts: the process exits when its
+/// parent is gone, so that even a SIGKILLed `minimesh up` leaves no orphans.
+pub const PARENT_PID_ENV: &str = "MINIMESH_PARENT_PID";
+
 /// One pod of the running mesh.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Pod {
@@ -323,6 +327,7 @@ impl Mesh {
             home.join("mesh.json"),
             serde_json::to_string_pretty(&mesh.state)?,
         )?;
+        wait_endpoints(&mesh.state, mesh.state.pods.len(), Duration::from_secs(10)).await?;
         wait_converged(&mesh.state, Duration::from_secs(20)).await?;
         Ok(mesh)
     }
@@ -333,6 +338,7 @@ impl Mesh {
             .with_context(|| format!("creating {}", log_path.display()))?;
         let err = log.try_clone()?;
         let child = cmd
+            .env(PARENT_PID_ENV, std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -447,23 +453,24 @@ async fn wait_http(
 }
 
 /// Waits until every proxy of the mesh is connected and has ACKed the
-/// latest version of every type.
+/// control plane's current version of every type.
 pub async fn wait_converged(state: &MeshState, timeout: Duration) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let admin = state.control_plane_admin.to_string();
     let mut last;
     loop {
-        match http::get_json(&admin, "/debug/proxies").await {
-            Ok(v) => {
+        match (
+            http::get_json(&admin, "/debug/versions").await,
+            http::get_json(&admin, "/debug/proxies").await,
+        ) {
+            (Ok(versions), Ok(v)) => {
                 let proxies = v.as_array().cloned().unwrap_or_default();
                 let synced = proxies
                     .iter()
                     .filter(|p| {
-                        let types = p["types"].as_object();
-                        types.is_some_and(|t| {
-                            t.len() == 3
-                                && t.values()
-                                    .all(|s| !s["sent"].is_null() && s["sent"] == s["acked"])
+                        versions.as_object().is_some_and(|vs| {
+                            vs.iter()
+                                .all(|(ty, version)| p["types"][ty]["acked"] == *version)
                         })
                     })
                     .count();
@@ -472,12 +479,40 @@ pub async fn wait_converged(state: &MeshState, timeout: Duration) -> anyhow::Res
                 }
                 last = format!("{synced} of {} proxies in sync", state.proxies());
             }
-            Err(e) => last = e.to_string(),
+            (Err(e), _) | (_, Err(e)) => last = e.to_string(),
         }
         if tokio::time::Instant::now() > deadline {
             bail!("mesh did not converge within {timeout:?}: {last}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Waits until the control plane has published `expected` endpoints in all.
+async fn wait_endpoints(
+    state: &MeshState,
+    expected: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let admin = state.control_plane_admin.to_string();
+    loop {
+        let v = http::get_json(&admin, "/debug/endpoints").await?;
+        let n: usize = v
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .map(|c| c["endpoints"].as_array().map_or(0, Vec::len))
+                    .sum()
+            })
+            .unwrap_or(0);
+        if n >= expected {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the control plane published {n} of {expected} endpoints within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

@@ -120,9 +120,18 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             json_response(&json!({"rules": c.rules, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
+        "/debug/versions" => {
+            let snap = admin.snapshots.borrow().clone();
+            let v: BTreeMap<&str, &str> = snap
+                .types
+                .iter()
+                .map(|(t, ts)| (crate::discovery::registry::short_type(t), ts.version.as_str()))
+                .collect();
+            json_response(&json!(v))
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints\n".into(),
+            "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints /debug/versions\n".into(),
         ),
     }
 }

@@ -1,0 +1,138 @@
+//! Each policy's distribution, measured at the sidecar's callers.
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_splits_two_equal_endpoints_evenly() {
+    let net = Net::new(11);
+    let _b1 = net.backend(1, &[]).await;
+    let _b2 = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(net.addr(100, 15001), "backend", 1, 1000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    for h in [1, 2] {
+        let n = c.by_endpoint[&net.addr(h, 9090).to_string()];
+        assert!((499..=501).contains(&n), "{:?}", c.by_endpoint);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_follows_rule_weights() {
+    let net = Net::new(12);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule(
+        "rule.yaml",
+        "backend",
+        &format!("simple: ROUND_ROBIN\nendpointWeights:\n- address: \"{}\"\n  weight: 2\n- pod: backend-*\n  weight: 1", net.ip(1)),
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(net.addr(100, 15001), "backend.default", 4, 2000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    for (h, want) in [(1, 0.50), (2, 0.25), (3, 0.25)] {
+        let got = c.share(net.addr(h, 9090));
+        assert!(
+            (got - want).abs() <= 0.01,
+            "endpoint {h}: {got} vs {want}: {:?}",
+            c.by_endpoint
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_spreads_over_three() {
+    let net = Net::new(13);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: RANDOM");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(
+        net.addr(100, 15001),
+        "backend.default.svc.cluster.local",
+        4,
+        3000,
+    )
+    .await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    for h in 1..=3 {
+        let got = c.share(net.addr(h, 9090));
+        assert!(
+            (0.30..=0.37).contains(&got),
+            "endpoint {h}: {got}: {:?}",
+            c.by_endpoint
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_request_prefers_the_fast_endpoint() {
+    let net = Net::new(14);
+    let _slow = net.backend(1, &[("TIMING_50_PERCENTILE", "200ms")]).await;
+    let _fast = net.backend(2, &[("TIMING_50_PERCENTILE", "10ms")]).await;
+    net.service("backend", &[1, 2]);
+    net.rule("rule.yaml", "backend", "simple: LEAST_REQUEST");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(net.addr(100, 15001), "backend:80", 20, 2000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    let fast = c.share(net.addr(2, 9090));
+    assert!(
+        fast > 0.75,
+        "fast endpoint served {fast}: {:?}",
+        c.by_endpoint
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_policy_is_least_request_and_h2c_and_proxy_form_work() {
+    let net = Net::new(15);
+    let _b1 = net.backend(1, &[]).await;
+    net.service("backend", &[1]);
+    let _cp = net.control_plane().await;
+    let sc = net.sidecar(100, &[]).await;
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "LEAST_REQUEST");
+
+    // Proxy-style absolute-form request, as an HTTP_PROXY-aware client sends.
+    let mut s = tokio::net::TcpStream::connect(net.addr(100, 15001))
+        .await
+        .expect("connect");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET http://backend/ HTTP/1.1\r\nHost: backend\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("\"name\": \"backend-1\""), "{out}");
+
+    // HTTP/2 with prior knowledge (h2c).
+    let stream = tokio::net::TcpStream::connect(net.addr(100, 15001))
+        .await
+        .expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get("http://backend.default.svc.cluster.local:80/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("req");
+    let resp = send.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+
+    // An unknown host gets 404 with the reason.
+    let (status, _, body) = get(net.addr(100, 15001), "nope.default", "/")
+        .await
+        .expect("response");
+    assert_eq!(status, 404);
+    assert_eq!(body.trim(), "minimesh: no route for host nope.default");
+    drop(sc);
+}

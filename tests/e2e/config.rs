@@ -1,0 +1,271 @@
+//! Config changes under load, and bad config.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_rule_under_load_takes_effect_within_a_second_without_failures() {
+    let net = Net::new(21);
+    let _b: Vec<_> = futures_util::future::join_all(
+        (1..=3).map(|h| net.backend(h, &[("TIMING_50_PERCENTILE", "5ms")])),
+    )
+    .await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let loader = tokio::spawn(load_until(
+        net.addr(100, 15001),
+        "backend",
+        20,
+        stop.clone(),
+        seen,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, policy) in ["RANDOM", "LEAST_REQUEST", "ROUND_ROBIN"]
+        .iter()
+        .enumerate()
+    {
+        net.rule("rule.yaml", "backend", &format!("simple: {policy}"));
+        let took = wait_sidecar(net.addr(100, 15000), Duration::from_secs(5), |v| {
+            policy_of(v, "backend") == *policy
+        })
+        .await;
+        assert!(
+            took < Duration::from_secs(1),
+            "change {i} to {policy} took {took:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let c = loader.await.expect("load");
+    assert!(c.ok > 500, "too little load: {}", c.ok);
+    assert!(
+        c.failed.is_empty(),
+        "{} failed: {:?}",
+        c.failed.len(),
+        &c.failed[..c.failed.len().min(5)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_added_and_removed_under_load_without_failures() {
+    let net = Net::new(22);
+    let _b: Vec<_> = futures_util::future::join_all(
+        (1..=3).map(|h| net.backend(h, &[("TIMING_50_PERCENTILE", "5ms")])),
+    )
+    .await;
+    net.service("backend", &[1, 2]);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let loader = tokio::spawn(load_until(
+        net.addr(100, 15001),
+        "backend",
+        20,
+        stop.clone(),
+        seen.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let added = Instant::now();
+    net.service("backend", &[1, 2, 3]);
+    let new_ep = net.addr(3, 9090).to_string();
+    loop {
+        if let Some(t) = seen.lock().expect("lock").get(&new_ep) {
+            let took = t.duration_since(added);
+            assert!(
+                took < Duration::from_secs(1),
+                "new endpoint first served after {took:?}"
+            );
+            break;
+        }
+        assert!(
+            added.elapsed() < Duration::from_secs(5),
+            "new endpoint never served"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    net.service("backend", &[2, 3]);
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(2), |v| {
+        endpoints_of(v, "backend").len() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let c = loader.await.expect("load");
+    assert!(
+        c.failed.is_empty(),
+        "{} failed: {:?}",
+        c.failed.len(),
+        &c.failed[..c.failed.len().min(5)]
+    );
+    assert!(c.by_endpoint.contains_key(&new_ep));
+}
+
+fn pushes(proxies: &serde_json::Value, ty: &str) -> u64 {
+    proxies[0]["types"][ty]["pushes"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rule_is_rejected_with_file_field_and_reason_and_the_old_policy_stays() {
+    let net = Net::new(23);
+    let _b1 = net.backend(1, &[]).await;
+    net.service("backend", &[1]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let before = get_json(net.cp_admin(), "/debug/proxies").await;
+
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBBIN");
+    let file = net.config().join("rule.yaml");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let err = loop {
+        let cfg = get_json(net.cp_admin(), "/debug/config").await;
+        if let Some(e) = cfg["errors"].as_array().and_then(|a| a.first().cloned()) {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no error reported: {cfg:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(err["file"], path_str(&file));
+    assert_eq!(err["field"], "spec.trafficPolicy.loadBalancer.simple");
+    let reason = err["reason"].as_str().expect("reason");
+    assert!(
+        reason.starts_with("unknown variant `ROUND_ROBBIN`, expected one of"),
+        "{reason}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "ROUND_ROBIN");
+    let after = get_json(net.cp_admin(), "/debug/proxies").await;
+    for ty in ["Cluster", "ClusterLoadAssignment", "Route"] {
+        assert_eq!(
+            pushes(&before, ty),
+            pushes(&after, ty),
+            "{ty} was pushed again"
+        );
+    }
+
+    // An unknown field is rejected the same way.
+    net.rule(
+        "rule.yaml",
+        "backend",
+        "simple: RANDOM\nconsistentHashh: {}",
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    assert_eq!(
+        cfg["errors"][0]["field"],
+        "spec.trafficPolicy.loadBalancer.consistentHashh"
+    );
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "ROUND_ROBIN");
+
+    // `minimesh apply` refuses the same file with the same message, and exits non-zero.
+    let bad = net.dir.join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: x\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer:\n      simple: ROUND_ROBBIN\n").expect("write");
+    let out = std::process::Command::new(bin("minimesh"))
+        .args([
+            "--home",
+            &path_str(&net.dir),
+            "apply",
+            "-f",
+            &path_str(&bad),
+        ])
+        .output()
+        .expect("minimesh runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "minimesh apply: {}: DestinationRule default/x: spec.trafficPolicy.loadBalancer.simple: unknown variant `ROUND_ROBBIN`, expected one of `UNSPECIFIED`, `ROUND_ROBIN`",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_yaml_unknown_kinds_and_deleted_files_never_crash_the_control_plane() {
+    let net = Net::new(24);
+    let _b1 = net.backend(1, &[]).await;
+    net.service("backend", &[1]);
+    net.rule("rule.yaml", "backend", "simple: RANDOM");
+    let mut cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+
+    net.write(
+        "broken.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: [unclosed\n",
+    );
+    net.write(
+        "deploy.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {}\n",
+    );
+    net.write("garbage.yaml", "\u{0}\u{1}just text: : :\n- - -\n");
+    net.write("list.yaml", "- 1\n- 2\n");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    cp.assert_running();
+    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    let messages: Vec<String> = cfg["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .collect();
+    let broken = path_str(&net.config().join("broken.yaml"));
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with(&format!("{broken}: invalid YAML: "))),
+        "{messages:?}"
+    );
+    let list = path_str(&net.config().join("list.yaml"));
+    assert!(
+        messages
+            .iter()
+            .any(|m| m == &format!("{list}: document 1 is not a mapping with apiVersion and kind")),
+        "{messages:?}"
+    );
+    let warnings = cfg["warnings"].to_string();
+    assert!(
+        warnings.contains("Deployment default/web (apps/v1): not a kind minimesh reads"),
+        "{warnings}"
+    );
+
+    // Break the rule file itself, then delete it: the first keeps the old
+    // rule, the second removes it (the default policy comes back).
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\n  bad indent: [\n",
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "RANDOM");
+    net.remove("rule.yaml");
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(2), |v| {
+        policy_of(v, "backend") == "LEAST_REQUEST"
+    })
+    .await;
+    net.remove("broken.yaml");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cp.assert_running();
+    let log = cp.log_text();
+    assert!(log.contains("broken.yaml: invalid YAML"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let (status, _, _) = get(net.addr(100, 15001), "backend", "/")
+        .await
+        .expect("request");
+    assert_eq!(status, 200);
+}

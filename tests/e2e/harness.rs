@@ -1,0 +1,478 @@
+//! Starts the real binaries on loopback and talks to them over real sockets.
+//! Each test owns a /24 of 127.0.0.0/8 (`Net::new(n)` -> 127.0.n.x), so tests
+//! run in parallel on fixed ports without colliding.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+pub const NS: &str = "default";
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited with {status}; log:\n{}",
+                self.name,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One test's network, config directory and processes.
+pub struct Net {
+    pub octet: u8,
+    pub dir: PathBuf,
+}
+
+pub fn bin(name: &str) -> &'static str {
+    match name {
+        "control-plane" => env!("CARGO_BIN_EXE_control-plane"),
+        "sidecar" => env!("CARGO_BIN_EXE_sidecar"),
+        "fake-service" => env!("CARGO_BIN_EXE_fake-service"),
+        "minimesh" => env!("CARGO_BIN_EXE_minimesh"),
+        _ => panic!("unknown binary {name}"),
+    }
+}
+
+impl Net {
+    pub fn new(octet: u8) -> Net {
+        let dir = std::env::temp_dir().join(format!("minimesh-e2e-{octet}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("config")).expect("temp dir");
+        std::fs::create_dir_all(dir.join("logs")).expect("temp dir");
+        Net { octet, dir }
+    }
+
+    pub fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(127, 0, self.octet, host)
+    }
+
+    pub fn addr(&self, host: u8, port: u16) -> SocketAddr {
+        SocketAddr::from((self.ip(host), port))
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("config")
+    }
+
+    pub fn cp_admin(&self) -> SocketAddr {
+        self.addr(254, 15014)
+    }
+
+    pub fn cp_xds(&self) -> SocketAddr {
+        self.addr(254, 15010)
+    }
+
+    pub fn spawn(
+        &self,
+        name: &str,
+        program: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Proc {
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let mut cmd = Command::new(bin(program));
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+        Proc {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    /// Starts the control plane and waits until it serves.
+    pub async fn control_plane(&self) -> Proc {
+        let p = self.spawn(
+            "control-plane",
+            "control-plane",
+            &[
+                "--config-dir".into(),
+                self.config().display().to_string(),
+                "--xds-addr".into(),
+                self.cp_xds().to_string(),
+                "--admin-addr".into(),
+                self.cp_admin().to_string(),
+            ],
+            &[],
+        );
+        wait_http(self.cp_admin(), "/readyz").await;
+        p
+    }
+
+    /// Starts a sidecar at .host (outbound :15001, admin :15000) and waits for config.
+    pub async fn sidecar(&self, host: u8, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "--xds-addr".to_string(),
+            format!("http://{}", self.cp_xds()),
+            "--workload".into(),
+            format!("client-{host}"),
+            "--namespace".into(),
+            NS.into(),
+            "--outbound".into(),
+            self.addr(host, 15001).to_string(),
+            "--admin".into(),
+            self.addr(host, 15000).to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = self.spawn(&format!("sidecar-{host}"), "sidecar", &args, &[]);
+        wait_http(self.addr(host, 15000), "/ready").await;
+        p
+    }
+
+    /// Starts a fake-service backend at .host:9090 and waits for it.
+    pub async fn backend(&self, host: u8, env: &[(&str, &str)]) -> Proc {
+        let mut e: Vec<(&str, String)> = vec![
+            ("LISTEN_ADDR", self.addr(host, 9090).to_string()),
+            ("NAME", format!("backend-{host}")),
+        ];
+        e.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        let p = self.spawn(&format!("backend-{host}"), "fake-service", &[], &e);
+        wait_http(self.addr(host, 9090), "/health").await;
+        p
+    }
+
+    /// Writes `name.yaml` into the config directory atomically.
+    pub fn write(&self, name: &str, text: &str) {
+        let path = self.config().join(name);
+        let tmp = self.config().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+
+    pub fn remove(&self, name: &str) {
+        std::fs::remove_file(self.config().join(name)).expect("remove");
+    }
+
+    /// Writes a Service `name` (port 80) and its EndpointSlice with backends at `hosts` (:9090).
+    pub fn service(&self, name: &str, hosts: &[u8]) {
+        self.write(
+            &format!("svc-{name}.yaml"),
+            &service_yaml(
+                name,
+                &hosts
+                    .iter()
+                    .map(|h| (self.ip(*h), format!("{name}-{h}")))
+                    .collect::<Vec<_>>(),
+            ),
+        );
+    }
+
+    /// Writes a DestinationRule for `service`.
+    pub fn rule(&self, file: &str, service: &str, load_balancer: &str) {
+        self.write(
+            file,
+            &format!(
+                "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: {service}-dr\nspec:\n  host: {service}\n  trafficPolicy:\n    loadBalancer:\n{}\n",
+                load_balancer.lines().map(|l| format!("      {l}")).collect::<Vec<_>>().join("\n")
+            ),
+        );
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+pub fn service_yaml(name: &str, endpoints: &[(Ipv4Addr, String)]) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  ports:\n  - name: http\n    port: 80\n    targetPort: 9090\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: {NS}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: 9090\nendpoints:\n"
+    );
+    if endpoints.is_empty() {
+        y.push_str("[]\n");
+    }
+    for (ip, pod) in endpoints {
+        y.push_str(&format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod}}}\n"));
+    }
+    y
+}
+
+/// Waits (up to 20 s) for 200 from `addr` `path`.
+pub async fn wait_http(addr: SocketAddr, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _, _)) = get(addr, "localhost", path).await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr}{path} never became ready");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One GET on a fresh connection: status, x-minimesh-endpoint, body.
+pub async fn get(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+) -> anyhow::Result<(u16, Option<String>, String)> {
+    let mut c = Conn::open(addr).await?;
+    c.get(host, path).await
+}
+
+pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, _, body) = get(addr, "localhost", path).await.expect("admin reachable");
+    assert_eq!(status, 200, "{addr}{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// A keep-alive HTTP/1.1 connection.
+pub struct Conn {
+    addr: SocketAddr,
+    sender: Option<SendRequest<Empty<Bytes>>>,
+}
+
+impl Conn {
+    pub async fn open(addr: SocketAddr) -> anyhow::Result<Conn> {
+        let mut c = Conn { addr, sender: None };
+        c.connect().await?;
+        Ok(c)
+    }
+
+    async fn connect(&mut self) -> anyhow::Result<()> {
+        let stream = TcpStream::connect(self.addr).await?;
+        stream.set_nodelay(true)?;
+        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        self.sender = Some(s);
+        Ok(())
+    }
+
+    pub async fn get(
+        &mut self,
+        host: &str,
+        path: &str,
+    ) -> anyhow::Result<(u16, Option<String>, String)> {
+        let ready = match self.sender.as_mut() {
+            Some(s) => s.ready().await.is_ok(),
+            None => false,
+        };
+        if !ready {
+            self.connect().await?;
+        }
+        let sender = self.sender.as_mut().expect("connected");
+        let req = Request::get(path)
+            .header(header::HOST, host)
+            .body(Empty::new())?;
+        let resp = sender.send_request(req).await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                self.sender = None;
+                return Err(e.into());
+            }
+        };
+        let status = resp.status().as_u16();
+        let ep = resp
+            .headers()
+            .get("x-minimesh-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, ep, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// Counts of a load run.
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    pub by_endpoint: BTreeMap<String, u64>,
+    pub ok: u64,
+    pub failed: Vec<String>,
+}
+
+impl Counts {
+    pub fn share(&self, ep: SocketAddr) -> f64 {
+        *self.by_endpoint.get(&ep.to_string()).unwrap_or(&0) as f64 / self.ok.max(1) as f64
+    }
+}
+
+/// Sends `total` requests for `host` through the proxy at `proxy` from `clients`
+/// concurrent connections.
+pub async fn load(proxy: SocketAddr, host: &str, clients: usize, total: u64) -> Counts {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let next = next.clone();
+        let host = host.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut counts = Counts::default();
+            let mut conn = Conn {
+                addr: proxy,
+                sender: None,
+            };
+            while next.fetch_add(1, Ordering::Relaxed) < total {
+                record(&mut counts, conn.get(&host, "/").await);
+            }
+            counts
+        }));
+    }
+    merge(tasks).await
+}
+
+/// Sends requests from `clients` connections until `stop` is set; returns
+/// counts plus the time each endpoint first answered.
+pub async fn load_until(
+    proxy: SocketAddr,
+    host: &str,
+    clients: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    first_seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
+) -> Counts {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let host = host.to_string();
+        let stop = stop.clone();
+        let first_seen = first_seen.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut counts = Counts::default();
+            let mut conn = Conn {
+                addr: proxy,
+                sender: None,
+            };
+            while !stop.load(Ordering::Relaxed) {
+                let r = conn.get(&host, "/").await;
+                if let Ok((200, Some(ep), _)) = &r {
+                    first_seen
+                        .lock()
+                        .expect("lock")
+                        .entry(ep.clone())
+                        .or_insert_with(Instant::now);
+                }
+                record(&mut counts, r);
+            }
+            counts
+        }));
+    }
+    merge(tasks).await
+}
+
+fn record(counts: &mut Counts, r: anyhow::Result<(u16, Option<String>, String)>) {
+    match r {
+        Ok((200, ep, _)) => {
+            counts.ok += 1;
+            *counts
+                .by_endpoint
+                .entry(ep.unwrap_or_default())
+                .or_default() += 1;
+        }
+        Ok((status, _, body)) => counts.failed.push(format!("{status}: {}", body.trim())),
+        Err(e) => counts.failed.push(format!("transport: {e}")),
+    }
+}
+
+async fn merge(tasks: Vec<tokio::task::JoinHandle<Counts>>) -> Counts {
+    let mut all = Counts::default();
+    for t in tasks {
+        let c = t.await.expect("load task");
+        all.ok += c.ok;
+        all.failed.extend(c.failed);
+        for (k, v) in c.by_endpoint {
+            *all.by_endpoint.entry(k).or_default() += v;
+        }
+    }
+    all
+}
+
+/// Waits until `pred` holds on the sidecar's /debug/config (up to `within`);
+/// returns how long it took.
+pub async fn wait_sidecar(
+    admin: SocketAddr,
+    within: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let v = get_json(admin, "/debug/config").await;
+        if pred(&v) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "sidecar config never matched within {within:?}: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The policy of `cluster` in a sidecar's /debug/config.
+pub fn policy_of(v: &serde_json::Value, service: &str) -> String {
+    v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["policy"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Endpoint addresses of `service` in a sidecar's /debug/config.
+pub fn endpoints_of(v: &serde_json::Value, service: &str) -> Vec<String> {
+    v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,201 @@
+//! `minimesh up`, `apply`, `get` and `demo` on the example topology.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::*;
+
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_walkthrough_up_curl_apply_get() {
+    let net = Net::new(51);
+    let home = path_str(&net.dir.join("home"));
+    let ingress = net.addr(250, 30000);
+    let topo = repo().join("examples/local/topology.yaml");
+    let mut up = Proc {
+        name: "minimesh up".into(),
+        log: net.dir.join("logs/up.log"),
+        child: Command::new(bin("minimesh"))
+            .args([
+                "--home",
+                &home,
+                "up",
+                &path_str(&topo),
+                "--network",
+                &net.ip(0).to_string(),
+                "--ingress",
+                &ingress.to_string(),
+            ])
+            .stdout(std::fs::File::create(net.dir.join("logs/up.log")).expect("log"))
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("minimesh up"),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !up.log_text().contains("Ctrl-C stops everything") {
+        up.assert_running();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "mesh did not come up: {}",
+            up.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let summary = up.log_text();
+    assert!(
+        summary.contains(&format!("ingress         http://{ingress}")),
+        "{summary}"
+    );
+
+    // The seed's curl, through the ingress by Host.
+    let mut bodies = std::collections::BTreeMap::new();
+    for _ in 0..30 {
+        let (status, _, body) = get(ingress, "simple-web.istioinaction.io", "/")
+            .await
+            .expect("ingress");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(v["name"], "simple-web");
+        *bodies
+            .entry(
+                v["upstream_calls"][0]["body"]
+                    .as_str()
+                    .expect("upstream body")
+                    .to_string(),
+            )
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        bodies.keys().collect::<Vec<_>>(),
+        vec!["Hello from simple-backend-1", "Hello from simple-backend-2"],
+        "{bodies:?}"
+    );
+
+    // apply the RANDOM rule; get shows it.
+    let out = Command::new(bin("minimesh"))
+        .args([
+            "--home",
+            &home,
+            "apply",
+            "-f",
+            &path_str(&repo().join("examples/rules/simple-backend-dr-random.yaml")),
+        ])
+        .output()
+        .expect("apply");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "destinationrule istioinaction/simple-backend-dr applied: RANDOM"
+    );
+    let out = Command::new(bin("minimesh"))
+        .args(["--home", &home, "get", "rules"])
+        .output()
+        .expect("get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("simple-backend-dr") && l.contains("RANDOM") && l.contains("true")),
+        "{text}"
+    );
+    let out = Command::new(bin("minimesh"))
+        .args(["--home", &home, "get", "proxies"])
+        .output()
+        .expect("get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines().filter(|l| l.contains("SYNCED")).count(),
+        5,
+        "{text}"
+    );
+    let out = Command::new(bin("minimesh"))
+        .args(["--home", &home, "get", "endpoints"])
+        .output()
+        .expect("get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("simple-backend.istioinaction") && l.contains("HEALTHY"))
+            .count(),
+        3,
+        "{text}"
+    );
+    for _ in 0..30 {
+        let (status, _, _) = get(ingress, "simple-web.istioinaction.io", "/")
+            .await
+            .expect("ingress");
+        assert_eq!(status, 200);
+    }
+
+    // SIGTERM stops everything: no process of the mesh is left.
+    up.signal("TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let s = up.child.wait();
+        (s, up)
+    })
+    .await
+    .expect("wait");
+    assert!(status.0.expect("exit").success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        get(ingress, "x", "/").await.is_err(),
+        "ingress still answers after stop"
+    );
+    assert!(
+        get(net.addr(254, 15014), "x", "/healthz").await.is_err(),
+        "control plane still answers after stop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_every_example_rule_without_errors() {
+    let net = Net::new(52);
+    let out = tokio::task::spawn_blocking({
+        let home = path_str(&net.dir.join("home"));
+        let network = net.ip(0).to_string();
+        let ingress = net.addr(250, 30000).to_string();
+        move || {
+            Command::new(bin("minimesh"))
+                .current_dir(repo())
+                .args([
+                    "--home",
+                    &home,
+                    "demo",
+                    "--duration",
+                    "2s",
+                    "--qps",
+                    "50",
+                    "--network",
+                    &network,
+                    "--ingress",
+                    &ingress,
+                ])
+                .output()
+                .expect("demo")
+        }
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for policy in ["ROUND_ROBIN", "RANDOM", "LEAST_REQUEST"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(policy))
+            .unwrap_or_else(|| panic!("no {policy} line: {stdout}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[2], "0", "errors for {policy}: {line}");
+        assert!(cols[1].parse::<u64>().expect("requests") >= 90, "{line}");
+    }
+    assert!(stdout.contains("Hello from simple-backend-1"), "{stdout}");
+}

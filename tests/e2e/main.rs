@@ -1,0 +1,9 @@
+//! End-to-end tests: real control plane, sidecars and fake-service backends
+//! on loopback, real HTTP and gRPC traffic.
+
+mod balancing;
+mod config;
+mod harness;
+mod local_mesh;
+mod protocol;
+mod resilience;

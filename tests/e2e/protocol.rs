@@ -1,0 +1,268 @@
+//! Discovery protocol semantics, spoken by a raw gRPC client.
+
+use std::time::Duration;
+
+use minimesh_proto::prost::Message;
+use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use minimesh_proto::v1::{
+    Cluster, DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    ErrorDetail, LbPolicy, Node,
+};
+use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use crate::harness::*;
+
+fn node() -> Option<Node> {
+    Some(Node {
+        id: "raw-client.default".into(),
+        workload: "raw-client".into(),
+        namespace: "default".into(),
+        ..Default::default()
+    })
+}
+
+async fn client(net: &Net) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    AggregatedDiscoveryServiceClient::connect(format!("http://{}", net.cp_xds()))
+        .await
+        .expect("connect")
+}
+
+async fn next<T>(s: &mut Streaming<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(5), s.message())
+        .await
+        .expect("response within 5s")
+        .expect("stream ok")
+        .expect("not closed")
+}
+
+async fn nothing<T: std::fmt::Debug>(s: &mut Streaming<T>, wait: Duration) {
+    if let Ok(m) = tokio::time::timeout(wait, s.message()).await {
+        panic!("expected no response, got {m:?}");
+    }
+}
+
+fn policies(resp: &DiscoveryResponse) -> Vec<i32> {
+    resp.resources
+        .iter()
+        .map(|a| Cluster::decode(a.value.as_slice()).expect("cluster").policy)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_the_world_ack_nack_and_new_versions() {
+    let net = Net::new(31);
+    net.service("backend", &[1, 2]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let mut c = client(&net).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(DiscoveryRequest {
+        node: node(),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let mut s = c
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = next(&mut s).await;
+    assert_eq!(first.type_url, CLUSTER_TYPE);
+    assert_eq!(policies(&first), vec![LbPolicy::RoundRobin as i32]);
+    assert!(!first.nonce.is_empty() && !first.version_info.is_empty());
+
+    // ACK: recorded in proxy-status.
+    tx.send(DiscoveryRequest {
+        version_info: first.version_info.clone(),
+        type_url: CLUSTER_TYPE.into(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("ack");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ps = get_json(net.cp_admin(), "/debug/proxies").await;
+    assert_eq!(ps[0]["id"], "raw-client.default");
+    assert_eq!(
+        ps[0]["types"]["Cluster"]["acked"],
+        first.version_info.as_str()
+    );
+
+    // A change gets a new version; NACK it.
+    net.rule("rule.yaml", "backend", "simple: RANDOM");
+    let second = next(&mut s).await;
+    assert_ne!(second.version_info, first.version_info);
+    assert_eq!(policies(&second), vec![LbPolicy::Random as i32]);
+    tx.send(DiscoveryRequest {
+        version_info: first.version_info.clone(),
+        type_url: CLUSTER_TYPE.into(),
+        response_nonce: second.nonce.clone(),
+        error_detail: Some(ErrorDetail {
+            code: 3,
+            message: "test says no".into(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("nack");
+    // The NACKed version is not sent again.
+    nothing(&mut s, Duration::from_millis(600)).await;
+    let ps = get_json(net.cp_admin(), "/debug/proxies").await;
+    assert_eq!(
+        ps[0]["types"]["Cluster"]["last_nack"]["message"],
+        "test says no"
+    );
+    assert_eq!(
+        ps[0]["types"]["Cluster"]["last_nack"]["version"],
+        second.version_info.as_str()
+    );
+    assert_eq!(
+        ps[0]["types"]["Cluster"]["acked"],
+        first.version_info.as_str()
+    );
+
+    // A stale nonce is ignored.
+    tx.send(DiscoveryRequest {
+        type_url: CLUSTER_TYPE.into(),
+        response_nonce: first.nonce.clone(),
+        resource_names: vec!["x".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("stale");
+    nothing(&mut s, Duration::from_millis(300)).await;
+
+    // The next change gets a new version.
+    net.rule("rule.yaml", "backend", "simple: LEAST_REQUEST");
+    let third = next(&mut s).await;
+    assert_ne!(third.version_info, second.version_info);
+    assert_eq!(policies(&third), vec![LbPolicy::LeastRequest as i32]);
+    drop(tx);
+
+    // A reconnecting client is resynced with the current state.
+    let (tx2, rx2) = mpsc::channel(8);
+    tx2.send(DiscoveryRequest {
+        node: node(),
+        version_info: first.version_info.clone(),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let mut s2 = c
+        .stream_aggregated_resources(ReceiverStream::new(rx2))
+        .await
+        .expect("stream")
+        .into_inner();
+    let resync = next(&mut s2).await;
+    assert_eq!(resync.version_info, third.version_info);
+    assert_eq!(policies(&resync), vec![LbPolicy::LeastRequest as i32]);
+}
+
+fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {
+    r.resources.iter().map(|r| r.name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_subscribe_unsubscribe_removal_and_reconnect() {
+    let net = Net::new(32);
+    net.service("alpha", &[1]);
+    net.service("beta", &[2]);
+    let _cp = net.control_plane().await;
+    let alpha = "alpha.default.svc.cluster.local:80".to_string();
+    let beta = "beta.default.svc.cluster.local:80".to_string();
+    let mut c = client(&net).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(DeltaDiscoveryRequest {
+        node: node(),
+        type_url: ENDPOINTS_TYPE.into(),
+        resource_names_subscribe: vec![alpha.clone()],
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let mut s = c
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let r1 = next(&mut s).await;
+    assert_eq!(names(&r1), vec![alpha.clone()]);
+    let ack = |nonce: String| DeltaDiscoveryRequest {
+        type_url: ENDPOINTS_TYPE.into(),
+        response_nonce: nonce,
+        ..Default::default()
+    };
+    tx.send(ack(r1.nonce.clone())).await.expect("ack");
+
+    // A change to an unsubscribed resource sends nothing.
+    net.service("beta", &[2, 3]);
+    nothing(&mut s, Duration::from_millis(500)).await;
+
+    // Subscribe to beta: only beta arrives.
+    tx.send(DeltaDiscoveryRequest {
+        type_url: ENDPOINTS_TYPE.into(),
+        resource_names_subscribe: vec![beta.clone()],
+        ..Default::default()
+    })
+    .await
+    .expect("sub");
+    let r2 = next(&mut s).await;
+    assert_eq!(names(&r2), vec![beta.clone()]);
+    assert!(r2.removed_resources.is_empty());
+    tx.send(ack(r2.nonce.clone())).await.expect("ack");
+
+    // Only the changed resource is sent.
+    net.service("alpha", &[1, 4]);
+    let r3 = next(&mut s).await;
+    assert_eq!(names(&r3), vec![alpha.clone()]);
+    tx.send(ack(r3.nonce.clone())).await.expect("ack");
+
+    // Deleting the service removes it.
+    net.remove("svc-beta.yaml");
+    let r4 = next(&mut s).await;
+    assert!(r4.resources.is_empty());
+    assert_eq!(r4.removed_resources, vec![beta.clone()]);
+    tx.send(ack(r4.nonce.clone())).await.expect("ack");
+
+    // Unsubscribe alpha: changes to it no longer arrive.
+    tx.send(DeltaDiscoveryRequest {
+        type_url: ENDPOINTS_TYPE.into(),
+        resource_names_unsubscribe: vec![alpha.clone()],
+        ..Default::default()
+    })
+    .await
+    .expect("unsub");
+    net.service("alpha", &[1]);
+    nothing(&mut s, Duration::from_millis(500)).await;
+    drop(tx);
+
+    // Reconnect with what the client has: only what differs is sent.
+    let have = r3.resources[0].version.clone();
+    let (tx2, rx2) = mpsc::channel(8);
+    tx2.send(DeltaDiscoveryRequest {
+        node: node(),
+        type_url: ENDPOINTS_TYPE.into(),
+        resource_names_subscribe: vec!["*".into()],
+        initial_resource_versions: [(alpha.clone(), have), (beta.clone(), "gone".into())]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let mut s2 = c
+        .delta_aggregated_resources(ReceiverStream::new(rx2))
+        .await
+        .expect("stream")
+        .into_inner();
+    let r5 = next(&mut s2).await;
+    // alpha changed since (back to one endpoint), beta is gone.
+    assert_eq!(names(&r5), vec![alpha.clone()]);
+    assert_eq!(r5.removed_resources, vec![beta]);
+}

@@ -1,0 +1,76 @@
+//! Losing the control plane.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_killed_under_load_loses_nothing_and_sidecars_resync() {
+    let net = Net::new(41);
+    let _b: Vec<_> = futures_util::future::join_all(
+        (1..=2).map(|h| net.backend(h, &[("TIMING_50_PERCENTILE", "5ms")])),
+    )
+    .await;
+    net.service("backend", &[1, 2]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let mut cp = net.control_plane().await;
+    let _s1 = net.sidecar(100, &[]).await;
+    let _s2 = net.sidecar(101, &[]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let l1 = tokio::spawn(load_until(
+        net.addr(100, 15001),
+        "backend",
+        10,
+        stop.clone(),
+        seen.clone(),
+    ));
+    let l2 = tokio::spawn(load_until(
+        net.addr(101, 15001),
+        "backend",
+        10,
+        stop.clone(),
+        seen,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cp.kill();
+    // While it is down, the config changes.
+    net.rule("rule.yaml", "backend", "simple: RANDOM");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(
+        policy_of(&v, "backend"),
+        "ROUND_ROBIN",
+        "the last config keeps serving"
+    );
+    let _cp2 = net.control_plane().await;
+    for host in [100, 101] {
+        // Backoff is at most 10 s (jittered); both converge to the new rule.
+        wait_sidecar(net.addr(host, 15000), Duration::from_secs(15), |v| {
+            policy_of(v, "backend") == "RANDOM"
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in [l1, l2] {
+        let c = l.await.expect("load");
+        assert!(c.ok > 100, "too little load: {}", c.ok);
+        assert!(
+            c.failed.is_empty(),
+            "{} failed: {:?}",
+            c.failed.len(),
+            &c.failed[..c.failed.len().min(5)]
+        );
+    }
+    let ps = get_json(net.cp_admin(), "/debug/proxies").await;
+    assert_eq!(ps.as_array().map(Vec::len), Some(2), "{ps:#}");
+    let log = _s1.log_text();
+    assert!(
+        log.contains("discovery stream failed; keeping the last config"),
+        "{log}"
+    );
+}
