@@ -1,0 +1,80 @@
+//! Pick cost per policy at 4, 100 and 10,000 endpoints, equal and unequal
+//! weights, one thread. `cargo bench -p minimesh-sidecar --bench pick`.
+//! Prints nanoseconds per pick (best of 5 runs of 2M picks).
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use minimesh_sidecar::balance::{Balancer, Policy};
+use minimesh_sidecar::endpoint::EndpointState;
+
+const PICKS: u32 = 2_000_000;
+
+fn balancer(policy: Policy, n: usize, weighted: bool) -> Balancer {
+    let eps = (0..n)
+        .map(|i| {
+            let addr = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 9090));
+            let e = EndpointState::new(addr, format!("pod-{i}"));
+            // Some load, so that least-request compares real numbers.
+            e.active.store((i % 7) as u32, Ordering::Relaxed);
+            let w = if weighted { 1 + (i % 6) as u32 } else { 1 };
+            (e, w)
+        })
+        .collect();
+    Balancer::new(policy, eps)
+}
+
+fn ns_per_pick(b: &Balancer) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..PICKS {
+            black_box(b.pick(None));
+        }
+        best = best.min(start.elapsed().as_nanos() as f64 / f64::from(PICKS));
+    }
+    best
+}
+
+fn main() {
+    println!(
+        "{:<14} {:>9} {:>10} {:>12}",
+        "policy", "endpoints", "weights", "ns/pick"
+    );
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::LeastRequest] {
+        for n in [4, 100, 10_000] {
+            for weighted in [false, true] {
+                let b = balancer(policy, n, weighted);
+                println!(
+                    "{:<14} {:>9} {:>10} {:>12.1}",
+                    policy.as_str(),
+                    n,
+                    if weighted { "unequal" } else { "equal" },
+                    ns_per_pick(&b)
+                );
+            }
+        }
+    }
+    let build = Instant::now();
+    let weights: Vec<_> = (0..10_000).map(|i| 1 + (i % 100) as u32).collect();
+    let eps: Vec<_> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            (
+                EndpointState::new(
+                    SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1)),
+                    String::new(),
+                ),
+                *w,
+            )
+        })
+        .collect();
+    black_box(Balancer::new(Policy::RoundRobin, eps));
+    println!(
+        "weighted round-robin schedule build, 10,000 endpoints: {:?}",
+        build.elapsed()
+    );
+}
