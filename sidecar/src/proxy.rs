@@ -194,6 +194,10 @@ async fn forward(
     } else {
         1
     };
+    let idempotent = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    );
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
     for attempt in 0..attempts {
@@ -230,7 +234,28 @@ async fn forward(
         };
         let guard = ep.start();
         let started = tokio::time::Instant::now();
+        let more = attempt + 1 < attempts;
         match client.request(up).await {
+            Ok(resp)
+                if more
+                    && idempotent
+                    && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                    && resp.headers().contains_key(ERROR_HEADER) =>
+            {
+                // The endpoint's own sidecar could not reach its app (a dead
+                // or restarting replica): try another endpoint.
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!(
+                    "{} answered 503: {}",
+                    ep.addr,
+                    resp.headers()
+                        .get(ERROR_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                );
+                last = Some(ep);
+                drop(guard);
+            }
             Ok(resp) => {
                 ep.mark_reachable();
                 let elapsed = started.elapsed().as_micros() as u64;
@@ -263,6 +288,15 @@ async fn forward(
                 if buffered.is_none() {
                     break;
                 }
+            }
+            Err(e) if more && idempotent => {
+                // Reset or closed before a response (a replica killed with
+                // the request in flight): safe to resend an idempotent request.
+                debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "request failed in flight; retrying elsewhere");
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{} failed: {}", ep.addr, source_chain(&e));
+                last = Some(ep);
+                drop(guard);
             }
             Err(e) => {
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -74,3 +74,52 @@ async fn control_plane_killed_under_load_loses_nothing_and_sidecars_resync() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
+    let net = Net::new(42);
+    let slow = [("TIMING_50_PERCENTILE", "50ms")];
+    let _b1 = net.backend(1, &slow).await;
+    let _b2 = net.backend(2, &slow).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    for policy in ["ROUND_ROBIN", "RANDOM", "LEAST_REQUEST"] {
+        let mut victim = net.backend(3, &slow).await;
+        net.rule("rule.yaml", "backend", &format!("simple: {policy}"));
+        wait_sidecar(net.addr(100, 15000), Duration::from_secs(3), |v| {
+            policy_of(v, "backend") == policy
+        })
+        .await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(BTreeMap::new()));
+        let loader = tokio::spawn(load_until(
+            net.addr(100, 15001),
+            "backend",
+            20,
+            stop.clone(),
+            seen,
+        ));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        victim.kill(); // SIGKILL, with requests in flight on it
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop.store(true, Ordering::Relaxed);
+        let c = loader.await.expect("load");
+        let killed = *c
+            .by_endpoint
+            .get(&net.addr(3, 9090).to_string())
+            .unwrap_or(&0);
+        assert!(
+            killed > 10,
+            "{policy}: the victim served only {killed} before dying"
+        );
+        assert!(c.ok > 300, "{policy}: too little load: {}", c.ok);
+        assert!(
+            c.failed.is_empty(),
+            "{policy}: {} failed: {:?}",
+            c.failed.len(),
+            &c.failed[..c.failed.len().min(5)]
+        );
+    }
+}
