@@ -23,15 +23,20 @@ fn balancer(policy: Policy, n: usize, weighted: bool) -> Balancer {
             (e, w)
         })
         .collect();
-    Balancer::new(policy, eps)
+    Balancer::new(policy, 0, eps)
 }
 
 fn ns_per_pick(b: &Balancer) -> f64 {
     let mut best = f64::MAX;
     for _ in 0..5 {
         let start = Instant::now();
-        for _ in 0..PICKS {
-            black_box(b.pick(None));
+        for i in 0..PICKS {
+            black_box(b.pick(
+                Some(black_box(
+                    0x9e37_79b9_7f4a_7c15u64.wrapping_mul(u64::from(i)),
+                )),
+                None,
+            ));
         }
         best = best.min(start.elapsed().as_nanos() as f64 / f64::from(PICKS));
     }
@@ -43,7 +48,14 @@ fn main() {
         "{:<14} {:>9} {:>10} {:>12}",
         "policy", "endpoints", "weights", "ns/pick"
     );
-    for policy in [Policy::RoundRobin, Policy::Random, Policy::LeastRequest] {
+    for policy in [
+        Policy::RoundRobin,
+        Policy::Random,
+        Policy::LeastRequest,
+        Policy::PeakEwma,
+        Policy::RingHash,
+        Policy::Maglev,
+    ] {
         for n in [4, 100, 10_000] {
             for weighted in [false, true] {
                 let b = balancer(policy, n, weighted);
@@ -72,9 +84,23 @@ fn main() {
             )
         })
         .collect();
-    black_box(Balancer::new(Policy::RoundRobin, eps));
+    black_box(Balancer::new(Policy::RoundRobin, 0, eps.clone()));
     println!(
         "weighted round-robin schedule build, 10,000 endpoints: {:?}",
         build.elapsed()
     );
+    for (policy, size) in [
+        (Policy::RingHash, 16),
+        (Policy::RingHash, 1024),
+        (Policy::Maglev, 65537),
+        (Policy::Maglev, 1_000_003),
+    ] {
+        let build = Instant::now();
+        black_box(Balancer::new(policy, size, eps.clone()));
+        println!(
+            "{} build, 10,000 weighted endpoints (1-100), size {size}: {:?}",
+            policy.as_str(),
+            build.elapsed()
+        );
+    }
 }

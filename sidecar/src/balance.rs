@@ -3,10 +3,14 @@
 //! is then a few atomic loads and arithmetic: no lock, no allocation.
 
 pub mod least_request;
+pub mod maglev;
+pub mod peak_ewma;
 pub mod random;
+pub mod ring_hash;
 pub mod rng;
 pub mod round_robin;
 pub mod weighted;
+pub mod xxhash;
 
 use std::sync::Arc;
 
@@ -23,6 +27,12 @@ pub enum Policy {
     Random,
     /// Power of two choices on active requests per weight.
     LeastRequest,
+    /// Ring hash on the request's hash key.
+    RingHash,
+    /// Maglev table on the request's hash key.
+    Maglev,
+    /// Power of two choices on peak EWMA latency × (active + 1).
+    PeakEwma,
 }
 
 impl Policy {
@@ -32,6 +42,9 @@ impl Policy {
             Ok(LbPolicy::RoundRobin) => Ok(Policy::RoundRobin),
             Ok(LbPolicy::Random) => Ok(Policy::Random),
             Ok(LbPolicy::LeastRequest) | Ok(LbPolicy::Unspecified) => Ok(Policy::LeastRequest),
+            Ok(LbPolicy::RingHash) => Ok(Policy::RingHash),
+            Ok(LbPolicy::Maglev) => Ok(Policy::Maglev),
+            Ok(LbPolicy::PeakEwma) => Ok(Policy::PeakEwma),
             Ok(other) => Err(format!(
                 "policy {} is not supported by this sidecar",
                 other.as_str_name()
@@ -46,6 +59,9 @@ impl Policy {
             Policy::RoundRobin => "ROUND_ROBIN",
             Policy::Random => "RANDOM",
             Policy::LeastRequest => "LEAST_REQUEST",
+            Policy::RingHash => "RING_HASH",
+            Policy::Maglev => "MAGLEV",
+            Policy::PeakEwma => "PEAK_EWMA",
         }
     }
 }
@@ -54,6 +70,9 @@ enum Picker {
     RoundRobin(round_robin::RoundRobin),
     Random(random::Random),
     LeastRequest(least_request::LeastRequest),
+    RingHash(ring_hash::RingHash),
+    Maglev(maglev::Maglev),
+    PeakEwma,
 }
 
 /// The endpoints of a cluster that may receive traffic, and how to pick one.
@@ -65,7 +84,13 @@ pub struct Balancer {
 
 impl Balancer {
     /// Builds a balancer over `(endpoint, weight)` pairs (weights >= 1).
-    pub fn new(policy: Policy, endpoints: Vec<(Arc<EndpointState>, u32)>) -> Balancer {
+    /// `table_size` is the minimum ring size (ring hash) or table size
+    /// (Maglev); 0 takes Envoy's defaults (1024, 65537).
+    pub fn new(
+        policy: Policy,
+        table_size: u64,
+        endpoints: Vec<(Arc<EndpointState>, u32)>,
+    ) -> Balancer {
         let weights: Vec<u32> = endpoints.iter().map(|(_, w)| (*w).max(1)).collect();
         let endpoints: Vec<Arc<EndpointState>> = endpoints.into_iter().map(|(e, _)| e).collect();
         let picker = match policy {
@@ -74,6 +99,17 @@ impl Balancer {
             Policy::LeastRequest => {
                 Picker::LeastRequest(least_request::LeastRequest::new(&weights))
             }
+            Policy::RingHash | Policy::Maglev => {
+                let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
+                if policy == Policy::RingHash {
+                    let size = if table_size == 0 { 1024 } else { table_size };
+                    Picker::RingHash(ring_hash::RingHash::new(&keys, &weights, size))
+                } else {
+                    let size = if table_size == 0 { 65537 } else { table_size };
+                    Picker::Maglev(maglev::Maglev::new(&keys, &weights, size))
+                }
+            }
+            Policy::PeakEwma => Picker::PeakEwma,
         };
         Balancer {
             endpoints,
@@ -92,11 +128,22 @@ impl Balancer {
         &self.endpoints
     }
 
+    /// True when picks need the request's hash key.
+    pub fn needs_hash(&self) -> bool {
+        matches!(self.picker, Picker::RingHash(_) | Picker::Maglev(_))
+    }
+
     /// Picks an endpoint, skipping ones that are backing off after a connect
     /// failure and `avoid` (the endpoint a retry just failed on) when any
-    /// other can serve. None only when there are no endpoints.
+    /// other can serve. None only when there are no endpoints. `hash` is the
+    /// request's key for the hash policies; without one they pick at random
+    /// (the request is served, just not sticky).
     #[inline]
-    pub fn pick(&self, avoid: Option<&Arc<EndpointState>>) -> Option<&Arc<EndpointState>> {
+    pub fn pick(
+        &self,
+        hash: Option<u64>,
+        avoid: Option<&Arc<EndpointState>>,
+    ) -> Option<&Arc<EndpointState>> {
         let n = self.endpoints.len();
         if n == 0 {
             return None;
@@ -104,8 +151,8 @@ impl Balancer {
         let usable =
             |e: &Arc<EndpointState>| !e.is_failing() && !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
         let mut first = None;
-        for _ in 0..3 {
-            let i = self.pick_index();
+        for step in 0..3 {
+            let i = self.pick_index(hash, step);
             let e = &self.endpoints[i];
             if usable(e) {
                 return Some(e);
@@ -116,11 +163,15 @@ impl Balancer {
     }
 
     #[inline]
-    fn pick_index(&self) -> usize {
-        match &self.picker {
-            Picker::RoundRobin(p) => p.pick(),
-            Picker::Random(p) => p.pick(),
-            Picker::LeastRequest(p) => p.pick(&self.endpoints),
+    fn pick_index(&self, hash: Option<u64>, step: usize) -> usize {
+        match (&self.picker, hash) {
+            (Picker::RoundRobin(p), _) => p.pick(),
+            (Picker::Random(p), _) => p.pick(),
+            (Picker::LeastRequest(p), _) => p.pick(&self.endpoints),
+            (Picker::PeakEwma, _) => peak_ewma::PeakEwma::pick(&self.endpoints),
+            (Picker::RingHash(r), Some(h)) => r.pick(h, step),
+            (Picker::Maglev(m), Some(h)) => m.pick(h, step),
+            (Picker::RingHash(_) | Picker::Maglev(_), None) => rng::below(self.endpoints.len()),
         }
     }
 
@@ -145,5 +196,81 @@ impl Balancer {
                     .min_by_key(|e| e.fail_until_ms.load(std::sync::atomic::Ordering::Relaxed))
             })
             .or(Some(&self.endpoints[fallback]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn eps(n: u8) -> Vec<(Arc<EndpointState>, u32)> {
+        (1..=n)
+            .map(|i| {
+                (
+                    EndpointState::new(SocketAddr::from(([10, 0, 0, i], 9090)), format!("p{i}")),
+                    1,
+                )
+            })
+            .collect()
+    }
+
+    fn owners(b: &Balancer, keys: u64) -> Vec<SocketAddr> {
+        (0..keys)
+            .map(|k| {
+                b.pick(Some(xxhash::xxh64(format!("user-{k}").as_bytes(), 0)), None)
+                    .map(|e| e.addr)
+                    .expect("endpoint")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hash_policies_spread_keys_and_remap_little_when_an_endpoint_goes() {
+        for policy in [Policy::RingHash, Policy::Maglev] {
+            let all = eps(5);
+            let before = owners(&Balancer::new(policy, 0, all.clone()), 10_000);
+            let removed = all[2].0.addr;
+            let rest: Vec<_> = all.into_iter().filter(|(e, _)| e.addr != removed).collect();
+            let after = owners(&Balancer::new(policy, 0, rest), 10_000);
+            let survivors = before.iter().filter(|a| **a != removed).count();
+            let kept = before
+                .iter()
+                .zip(&after)
+                .filter(|(b, a)| **b != removed && b == a)
+                .count();
+            let fraction = kept as f64 / survivors as f64;
+            println!(
+                "{}: {:.4} of surviving endpoints' keys stayed",
+                policy.as_str(),
+                fraction
+            );
+            match policy {
+                Policy::RingHash => assert_eq!(kept, survivors),
+                _ => assert!(fraction > 0.95, "{fraction}"),
+            }
+            // Even spread: 1,000 keys over 3 endpoints, each within ±20% of a third.
+            let three = owners(&Balancer::new(policy, 0, eps(3)), 1000);
+            for e in eps(3) {
+                let share = three.iter().filter(|a| **a == e.0.addr).count() as f64 / 1000.0;
+                assert!(
+                    (share - 1.0 / 3.0).abs() < 0.2 / 3.0,
+                    "{}: {share}",
+                    policy.as_str()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn hash_policies_honour_weights() {
+        for policy in [Policy::RingHash, Policy::Maglev] {
+            let mut e = eps(2);
+            e[0].1 = 3;
+            let b = Balancer::new(policy, 0, e.clone());
+            let o = owners(&b, 20_000);
+            let share = o.iter().filter(|a| **a == e[0].0.addr).count() as f64 / 20_000.0;
+            assert!((share - 0.75).abs() < 0.05, "{}: {share}", policy.as_str());
+        }
     }
 }

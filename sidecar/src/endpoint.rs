@@ -51,6 +51,10 @@ pub struct EndpointState {
     pub fail_until_ms: AtomicU64,
     /// Counters.
     pub counters: Counters,
+    /// PEAK_EWMA round-trip estimate in microseconds (f64 bits; 0 = no sample).
+    pub ewma_rtt_us: AtomicU64,
+    /// When `ewma_rtt_us` was last updated ([`clock::now_ms`] × 1000).
+    pub ewma_stamp_us: AtomicU64,
 }
 
 impl EndpointState {
@@ -67,6 +71,8 @@ impl EndpointState {
             consecutive_failures: AtomicU32::new(0),
             fail_until_ms: AtomicU64::new(0),
             counters: Counters::default(),
+            ewma_rtt_us: AtomicU64::new(0),
+            ewma_stamp_us: AtomicU64::new(0),
         })
     }
 
@@ -78,6 +84,14 @@ impl EndpointState {
 
     /// Records a refused or failed connection: the endpoint is skipped at once.
     pub fn mark_connect_failure(&self) {
+        self.counters
+            .connect_failures
+            .fetch_add(1, Ordering::Relaxed);
+        if self.is_failing() {
+            // Requests that raced onto the same outage: one failure, not many,
+            // or the backoff would reach its maximum within one outage.
+            return;
+        }
         let n = self
             .consecutive_failures
             .fetch_add(1, Ordering::Relaxed)
@@ -85,9 +99,6 @@ impl EndpointState {
         let backoff = (BASE_BACKOFF_MS << n).min(MAX_BACKOFF_MS);
         self.fail_until_ms
             .store(clock::precise_ms() + backoff, Ordering::Relaxed);
-        self.counters
-            .connect_failures
-            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records a response: the endpoint is reachable again.

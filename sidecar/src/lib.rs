@@ -175,8 +175,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster = Arc::new(ClusterHandle {
             name: "inbound|app".into(),
+            hash: None,
             balancer: Balancer::new(
                 Policy::LeastRequest,
+                0,
                 vec![(EndpointState::new(app, args.workload.clone()), 1)],
             ),
             retry_attempts: 2,

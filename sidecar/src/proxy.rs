@@ -23,8 +23,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
-use crate::routing::{ClusterHandle, Routing};
+use crate::routing::{ClusterHandle, HashPolicy, Routing};
 
 /// Request bodies up to this size are buffered so that a retry can resend
 /// them; larger or unknown-length bodies stream through without retries.
@@ -69,10 +70,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Handles one request.
+    /// Handles one request from `peer`.
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        peer: SocketAddr,
     ) -> Result<Response<ResponseBody>, Infallible> {
         if req.method() == Method::CONNECT {
             return Ok(local(
@@ -100,17 +102,76 @@ impl Proxy {
             return Ok(local(StatusCode::NOT_FOUND, &reason));
         };
         let cluster = cluster.clone();
-        let forwarded = match cluster.timeout {
-            None => forward(&self.client, &cluster, req, authority).await,
-            Some(t) => {
-                match tokio::time::timeout(t, forward(&self.client, &cluster, req, authority)).await
-                {
-                    Ok(r) => r,
-                    Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
-                }
-            }
+        let (hash, set_cookie) = match &cluster.hash {
+            Some(policy) => hash_key(policy, &req, peer),
+            None => (None, None),
         };
+        let fut = forward(&self.client, &cluster, req, authority, hash);
+        let mut forwarded = match cluster.timeout {
+            None => fut.await,
+            Some(t) => match tokio::time::timeout(t, fut).await {
+                Ok(r) => r,
+                Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
+            },
+        };
+        if let Some(cookie) = set_cookie {
+            forwarded.headers_mut().append(header::SET_COOKIE, cookie);
+        }
         Ok(forwarded)
+    }
+}
+
+/// The request's hash for a consistent-hash cluster, and the cookie to set
+/// when the policy hashes on a cookie the request does not carry. A request
+/// without the key gets no hash: it is balanced at random, never refused.
+fn hash_key(
+    policy: &HashPolicy,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+) -> (Option<u64>, Option<HeaderValue>) {
+    match policy {
+        HashPolicy::Header(name) => (
+            req.headers().get(name).map(|v| xxh64(v.as_bytes(), 0)),
+            None,
+        ),
+        HashPolicy::SourceIp => (Some(xxh64(peer.ip().to_string().as_bytes(), 0)), None),
+        HashPolicy::Query(param) => {
+            let value = req.uri().query().and_then(|q| {
+                q.split('&').find_map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    (k == param).then_some(v)
+                })
+            });
+            (value.map(|v| xxh64(v.as_bytes(), 0)), None)
+        }
+        HashPolicy::Cookie { name, path, ttl } => {
+            let found = req
+                .headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .find_map(|c| {
+                    let (k, v) = c.trim().split_once('=')?;
+                    (k == name).then_some(v)
+                });
+            if let Some(v) = found {
+                return (Some(xxh64(v.as_bytes(), 0)), None);
+            }
+            let value = format!("{:016x}", crate::balance::rng::next());
+            let mut cookie = format!("{name}={value}");
+            if !path.is_empty() {
+                cookie.push_str(&format!("; Path={path}"));
+            }
+            if let Some(t) = ttl {
+                cookie.push_str(&format!("; Max-Age={}", t.as_secs().max(1)));
+            }
+            cookie.push_str("; HttpOnly");
+            (
+                Some(xxh64(value.as_bytes(), 0)),
+                HeaderValue::from_str(&cookie).ok(),
+            )
+        }
     }
 }
 
@@ -155,6 +216,7 @@ async fn forward(
     cluster: &ClusterHandle,
     req: Request<Incoming>,
     authority: Option<String>,
+    hash: Option<u64>,
 ) -> Response<ResponseBody> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -201,7 +263,7 @@ async fn forward(
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
     for attempt in 0..attempts {
-        let Some(ep) = cluster.balancer.pick(last.as_ref()).cloned() else {
+        let Some(ep) = cluster.balancer.pick(hash, last.as_ref()).cloned() else {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("no healthy endpoints in cluster {}", cluster.name),
@@ -259,6 +321,13 @@ async fn forward(
             Ok(resp) => {
                 ep.mark_reachable();
                 let elapsed = started.elapsed().as_micros() as u64;
+                if cluster.balancer.policy() == crate::balance::Policy::PeakEwma {
+                    crate::balance::peak_ewma::observe(
+                        &ep,
+                        elapsed as f64,
+                        crate::clock::now_ms() * 1000,
+                    );
+                }
                 let c = &ep.counters;
                 c.latency_us_sum.fetch_add(elapsed, Ordering::Relaxed);
                 if resp.status().is_server_error() {
@@ -390,7 +459,7 @@ pub async fn serve(
                 };
                 let _ = stream.set_nodelay(true);
                 let proxy = proxy.clone();
-                let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req));
+                let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
                 let conn = graceful.watch(conn);

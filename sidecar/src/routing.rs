@@ -13,8 +13,46 @@ use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Route};
 use crate::balance::{Balancer, Policy};
 use crate::endpoint::EndpointState;
 
+/// What a consistent-hash cluster hashes on.
+#[derive(Clone, Debug)]
+pub enum HashPolicy {
+    /// A request header (lower-case name).
+    Header(http::HeaderName),
+    /// A cookie, set on the response when the request has none.
+    Cookie {
+        /// Cookie name.
+        name: String,
+        /// Cookie path (empty: none).
+        path: String,
+        /// Lifetime (None: session cookie).
+        ttl: Option<Duration>,
+    },
+    /// The caller's address.
+    SourceIp,
+    /// A query parameter.
+    Query(String),
+}
+
+impl HashPolicy {
+    fn from_wire(k: &minimesh_proto::v1::HashKey) -> Option<HashPolicy> {
+        use minimesh_proto::v1::hash_key::Key;
+        Some(match k.key.as_ref()? {
+            Key::Header(h) => HashPolicy::Header(http::HeaderName::from_bytes(h.as_bytes()).ok()?),
+            Key::Cookie(c) => HashPolicy::Cookie {
+                name: c.name.clone(),
+                path: c.path.clone(),
+                ttl: (c.ttl_ms > 0).then(|| Duration::from_millis(c.ttl_ms)),
+            },
+            Key::SourceIp(_) => HashPolicy::SourceIp,
+            Key::QueryParameter(q) => HashPolicy::Query(q.clone()),
+        })
+    }
+}
+
 /// A cluster ready to serve requests.
 pub struct ClusterHandle {
+    /// Hash key of a consistent-hash policy.
+    pub hash: Option<HashPolicy>,
     /// Cluster name.
     pub name: Arc<str>,
     /// Endpoints and picker.
@@ -76,7 +114,24 @@ pub struct Resources {
 
 /// Checks a cluster the sidecar is about to accept.
 pub fn validate_cluster(c: &Cluster) -> Result<(), String> {
-    Policy::from_wire(c.policy).map(|_| ())
+    let policy = Policy::from_wire(c.policy)?;
+    if matches!(policy, Policy::RingHash | Policy::Maglev) {
+        if c.hash_key
+            .as_ref()
+            .and_then(HashPolicy::from_wire)
+            .is_none()
+        {
+            return Err(format!("{} needs a valid hash key", policy.as_str()));
+        }
+        let size = c.minimum_ring_size.max(c.table_size);
+        if size > crate::balance::ring_hash::MAX_RING {
+            return Err(format!(
+                "table size {size} is more than {}",
+                crate::balance::ring_hash::MAX_RING
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks an endpoint assignment.
@@ -141,7 +196,8 @@ impl Resources {
                 name.clone(),
                 Arc::new(ClusterHandle {
                     name: name.as_str().into(),
-                    balancer: Balancer::new(policy, eps),
+                    hash: c.hash_key.as_ref().and_then(HashPolicy::from_wire),
+                    balancer: Balancer::new(policy, c.minimum_ring_size.max(c.table_size), eps),
                     retry_attempts: c.retry_attempts,
                     timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
                     rule: c.rule.clone(),

@@ -278,11 +278,7 @@ async fn sidecar_nacks_a_policy_it_cannot_serve_and_keeps_the_last_good_config()
     net.rule("rule.yaml", "backend", "simple: RANDOM");
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
-    net.rule(
-        "rule.yaml",
-        "backend",
-        "consistentHash:\n  httpHeaderName: x-user\n  maglev:\n    tableSize: 65537",
-    );
+    net.rule("rule.yaml", "backend", "simple: LOAD_AWARE");
     let deadline = Instant::now() + Duration::from_secs(5);
     let nack = loop {
         let ps = get_json(net.cp_admin(), "/debug/proxies").await;
@@ -295,7 +291,7 @@ async fn sidecar_nacks_a_policy_it_cannot_serve_and_keeps_the_last_good_config()
     };
     assert_eq!(
         nack["message"],
-        "cluster backend.default.svc.cluster.local:80: policy MAGLEV is not supported by this sidecar"
+        "cluster backend.default.svc.cluster.local:80: policy LOAD_AWARE is not supported by this sidecar"
     );
     let v = get_json(net.addr(100, 15000), "/debug/config").await;
     assert_eq!(policy_of(&v, "backend"), "RANDOM");

@@ -4,6 +4,7 @@
 mod balancing;
 mod config;
 mod harness;
+mod hashing;
 mod local_mesh;
 mod protocol;
 mod resilience;

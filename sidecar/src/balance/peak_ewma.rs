@@ -1,0 +1,68 @@
+//! PEAK_EWMA: power of two choices on latency-weighted load, as Finagle and
+//! linkerd2-proxy do: each endpoint's cost is a peak-sensitive moving
+//! average of its round-trip time times (active requests + 1). A slow
+//! endpoint's cost jumps at once (the peak) and decays over `decay`, so it
+//! keeps a small share and can recover, instead of "least response time"
+//! snowballing all traffic onto one server.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::rng;
+use crate::endpoint::EndpointState;
+
+/// RTT assumed for an endpoint with no samples yet (linkerd's default 30 ms).
+pub const DEFAULT_RTT_US: f64 = 30_000.0;
+/// Decay time of the average (10 s).
+pub const DECAY_US: f64 = 10_000_000.0;
+
+/// P2C on peak EWMA cost.
+pub struct PeakEwma;
+
+impl PeakEwma {
+    /// An index.
+    #[inline]
+    pub fn pick(endpoints: &[Arc<EndpointState>]) -> usize {
+        let n = endpoints.len();
+        if n == 1 {
+            return 0;
+        }
+        let a = rng::below(n);
+        let b = (a + 1 + rng::below(n - 1)) % n;
+        let now_us = crate::clock::now_ms() * 1000;
+        let cost = |e: &EndpointState| {
+            let mut rtt = f64::from_bits(e.ewma_rtt_us.load(Ordering::Relaxed));
+            if rtt <= 0.0 {
+                rtt = DEFAULT_RTT_US;
+            } else {
+                // An endpoint that got no responses for a while decays, so
+                // that one bad spell does not exile it for good.
+                let idle = now_us.saturating_sub(e.ewma_stamp_us.load(Ordering::Relaxed));
+                if idle > 1_000_000 {
+                    rtt *= (-(idle as f64) / DECAY_US).exp();
+                }
+            }
+            rtt * (f64::from(e.active.load(Ordering::Relaxed)) + 1.0)
+        };
+        if cost(&endpoints[a]) <= cost(&endpoints[b]) {
+            a
+        } else {
+            b
+        }
+    }
+}
+
+/// Folds one RTT sample into the endpoint's average (on the response path).
+pub fn observe(e: &EndpointState, rtt_us: f64, now_us: u64) {
+    let prev = f64::from_bits(e.ewma_rtt_us.load(Ordering::Relaxed));
+    let last = e.ewma_stamp_us.swap(now_us, Ordering::Relaxed);
+    let next = if prev <= 0.0 || rtt_us > prev {
+        rtt_us // peak: jump up at once
+    } else {
+        let dt = now_us.saturating_sub(last) as f64;
+        let w = (-dt / DECAY_US).exp();
+        prev * w + rtt_us * (1.0 - w)
+    };
+    // Races between concurrent responses lose one sample at worst.
+    e.ewma_rtt_us.store(next.to_bits(), Ordering::Relaxed);
+}

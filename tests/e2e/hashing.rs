@@ -1,0 +1,164 @@
+//! Consistent hashing and PEAK_EWMA through a real sidecar.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{header, Request};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+use crate::harness::*;
+
+/// GET with extra headers; returns status, endpoint, Set-Cookie.
+async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, Option<String>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut b = Request::get(path).header(header::HOST, "backend");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = s
+        .send_request(b.body(Empty::<Bytes>::new()).expect("req"))
+        .await
+        .expect("resp");
+    let status = resp.status().as_u16();
+    let ep = resp
+        .headers()
+        .get("x-minimesh-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let cookie = resp
+        .headers()
+        .get(header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let _ = resp.into_body().collect().await;
+    (status, ep, cookie)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_hash_and_maglev_are_sticky_and_spread_keys_evenly() {
+    let net = Net::new(61);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule(
+        "rule.yaml",
+        "backend",
+        "consistentHash:\n  httpHeaderName: x-user\n  ringHash:\n    minimumRingSize: 1024",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    for (policy, lb) in [
+        (
+            "RING_HASH",
+            "consistentHash:\n  httpHeaderName: x-user\n  ringHash:\n    minimumRingSize: 1024",
+        ),
+        (
+            "MAGLEV",
+            "consistentHash:\n  httpHeaderName: x-user\n  maglev:\n    tableSize: 65537",
+        ),
+    ] {
+        net.rule("rule.yaml", "backend", lb);
+        wait_sidecar(
+            net.addr(100, 15000),
+            std::time::Duration::from_secs(3),
+            |v| policy_of(v, "backend") == policy,
+        )
+        .await;
+        let mut owner = BTreeMap::new();
+        for k in 0..1000 {
+            let user = format!("user-{k}");
+            let (status, ep, _) = get_with(proxy, "/", &[("x-user", &user)]).await;
+            assert_eq!(status, 200);
+            owner.insert(user, ep);
+        }
+        let mut shares: BTreeMap<&String, u32> = BTreeMap::new();
+        for ep in owner.values() {
+            *shares.entry(ep).or_default() += 1;
+        }
+        for (ep, n) in &shares {
+            assert!(
+                (267..=400).contains(n),
+                "{policy}: {ep} owns {n} of 1000 keys: {shares:?}"
+            );
+        }
+        // The same key always reaches the same endpoint.
+        for k in (0..1000).step_by(50) {
+            let user = format!("user-{k}");
+            for _ in 0..3 {
+                let (_, ep, _) = get_with(proxy, "/", &[("x-user", &user)]).await;
+                assert_eq!(ep, owner[&user], "{policy}: {user} moved");
+            }
+        }
+        // No key: still served.
+        let (status, _, _) = get_with(proxy, "/", &[]).await;
+        assert_eq!(status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_is_set_once_and_honoured() {
+    let net = Net::new(62);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule(
+        "rule.yaml",
+        "backend",
+        "consistentHash:\n  httpCookie:\n    name: mm-session\n    path: /\n    ttl: 3600s",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    let (status, first_ep, cookie) = get_with(proxy, "/", &[]).await;
+    assert_eq!(status, 200);
+    let cookie = cookie.expect("Set-Cookie on the first response");
+    assert!(
+        cookie.starts_with("mm-session=") && cookie.contains("; Path=/; Max-Age=3600; HttpOnly"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().expect("pair").to_string();
+    let mut seen = BTreeSet::new();
+    for _ in 0..30 {
+        let (status, ep, set) =
+            get_with(proxy, "/", &[("cookie", &format!("other=1; {pair}"))]).await;
+        assert_eq!(status, 200);
+        assert!(set.is_none(), "cookie set again");
+        seen.insert(ep);
+    }
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen.into_iter().next().expect("one"), first_ep);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_ewma_starves_the_slow_replica_without_snowballing() {
+    let net = Net::new(63);
+    let _f1 = net.backend(1, &[("TIMING_50_PERCENTILE", "10ms")]).await;
+    let _f2 = net.backend(2, &[("TIMING_50_PERCENTILE", "10ms")]).await;
+    let _slow = net.backend(3, &[("TIMING_50_PERCENTILE", "1000ms")]).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: PEAK_EWMA");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(net.addr(100, 15001), "backend", 10, 3000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    let slow = c.share(net.addr(3, 9090));
+    assert!(
+        slow < 0.02,
+        "slow replica served {slow}: {:?}",
+        c.by_endpoint
+    );
+    for h in [1, 2] {
+        let s = c.share(net.addr(h, 9090));
+        assert!(s < 0.70, "fast replica {h} served {s}: {:?}", c.by_endpoint);
+    }
+}
