@@ -152,6 +152,8 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                 port: port.port.into(),
                 policy: LbPolicy::LeastRequest as i32,
                 retry_attempts: rule::DEFAULT_RETRY_ATTEMPTS,
+                retry_budget_percent: rule::DEFAULT_RETRY_BUDGET_PERCENT,
+                retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
                 ..Default::default()
             };
             if let (Some(res), Some((key, vr))) = (&resolved, rule) {
@@ -161,6 +163,10 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                     res.connect_timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.timeout_ms = res.timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.retry_attempts = res.retry_attempts;
+                cluster.per_try_timeout_ms =
+                    res.per_try_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.retry_budget_percent = res.retry_budget_percent;
+                cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
                 match res.policy {
                     Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,

@@ -104,7 +104,13 @@ fn config(admin: &Admin) -> serde_json::Value {
                 .collect();
             (
                 name.clone(),
-                json!({"policy": c.balancer.policy().as_str(), "rule": c.rule, "endpoints": eps}),
+                json!({
+                    "policy": c.balancer.policy().as_str(),
+                    "rule": c.rule,
+                    "endpoints": eps,
+                    "retries": c.budget.retried.load(Ordering::Relaxed),
+                    "retry_budget_exhausted": c.budget.exhausted.load(Ordering::Relaxed),
+                }),
             )
         })
         .collect();
@@ -192,6 +198,22 @@ fn metrics(admin: &Admin) -> String {
                 }
             }
         }
+    }
+    let _ = writeln!(out, "# HELP minimesh_cluster_retries_total Retries made\n# TYPE minimesh_cluster_retries_total counter");
+    for (cname, c) in &routing.clusters {
+        let _ = writeln!(
+            out,
+            "minimesh_cluster_retries_total{{cluster=\"{cname}\"}} {}",
+            c.budget.retried.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(out, "# HELP minimesh_cluster_retry_budget_exhausted_total Retries refused by the retry budget\n# TYPE minimesh_cluster_retry_budget_exhausted_total counter");
+    for (cname, c) in &routing.clusters {
+        let _ = writeln!(
+            out,
+            "minimesh_cluster_retry_budget_exhausted_total{{cluster=\"{cname}\"}} {}",
+            c.budget.exhausted.load(Ordering::Relaxed)
+        );
     }
     let _ = writeln!(out, "# HELP minimesh_config_ready 1 once config arrived\n# TYPE minimesh_config_ready gauge\nminimesh_config_ready {}", u8::from(admin.ready.load(Ordering::Relaxed)));
     out

@@ -82,7 +82,9 @@ impl EndpointState {
         self.fail_until_ms.load(Ordering::Relaxed) > clock::now_ms()
     }
 
-    /// Records a refused or failed connection: the endpoint is skipped at once.
+    /// Records a refused connection (or an attempt that timed out): the
+    /// endpoint is skipped at once, and again after each backoff that ends in
+    /// another failure.
     pub fn mark_connect_failure(&self) {
         self.counters
             .connect_failures

@@ -8,6 +8,7 @@ pub mod balance;
 pub mod clock;
 pub mod endpoint;
 pub mod proxy;
+pub mod retry;
 pub mod routing;
 pub mod xds;
 
@@ -183,6 +184,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ),
             retry_attempts: 2,
             timeout: None,
+            per_try_timeout: None,
+            budget: retry::Budget::new(20, 10),
             rule: String::new(),
         });
         let table = Routing {

@@ -262,7 +262,14 @@ async fn forward(
     );
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
+    cluster.budget.on_request();
     for attempt in 0..attempts {
+        if attempt > 0 && !cluster.budget.try_retry() {
+            return local(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("retry budget exhausted; last: {last_error}"),
+            );
+        }
         let Some(ep) = cluster.balancer.pick(hash, last.as_ref()).cloned() else {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -297,7 +304,28 @@ async fn forward(
         let guard = ep.start();
         let started = tokio::time::Instant::now();
         let more = attempt + 1 < attempts;
-        match client.request(up).await {
+        let sent = match cluster.per_try_timeout {
+            None => Ok(client.request(up).await),
+            Some(t) => tokio::time::timeout(t, client.request(up)).await,
+        };
+        let sent = match sent {
+            Ok(result) => result,
+            Err(_) => {
+                // A replica that hangs is skipped like one that refuses
+                // connections, with the same backoff, so that first attempts
+                // stop going to it until it answers again.
+                ep.mark_connect_failure();
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{} did not answer within the per-try timeout", ep.addr);
+                if more && idempotent {
+                    last = Some(ep);
+                    drop(guard);
+                    continue;
+                }
+                return local(StatusCode::GATEWAY_TIMEOUT, &last_error);
+            }
+        };
+        match sent {
             Ok(resp)
                 if more
                     && idempotent

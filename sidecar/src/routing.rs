@@ -61,6 +61,10 @@ pub struct ClusterHandle {
     pub retry_attempts: u32,
     /// Whole-request timeout.
     pub timeout: Option<Duration>,
+    /// Timeout of each attempt.
+    pub per_try_timeout: Option<Duration>,
+    /// Limits retries to a share of requests.
+    pub budget: crate::retry::Budget,
     /// The rule in force (`namespace/name`), empty for the default policy.
     pub rule: String,
 }
@@ -200,6 +204,12 @@ impl Resources {
                     balancer: Balancer::new(policy, c.minimum_ring_size.max(c.table_size), eps),
                     retry_attempts: c.retry_attempts,
                     timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
+                    per_try_timeout: (c.per_try_timeout_ms > 0)
+                        .then(|| Duration::from_millis(c.per_try_timeout_ms)),
+                    budget: crate::retry::Budget::new(
+                        c.retry_budget_percent,
+                        c.retry_budget_min_per_second,
+                    ),
                     rule: c.rule.clone(),
                 }),
             );

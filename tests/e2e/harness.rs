@@ -337,9 +337,18 @@ pub struct Counts {
     pub by_endpoint: BTreeMap<String, u64>,
     pub ok: u64,
     pub failed: Vec<String>,
+    /// Latency of every request, microseconds.
+    pub lat_us: Vec<u64>,
 }
 
 impl Counts {
+    pub fn quantile(&self, q: f64) -> Duration {
+        let mut v = self.lat_us.clone();
+        v.sort_unstable();
+        let i = ((v.len().max(1) - 1) as f64 * q).round() as usize;
+        Duration::from_micros(v.get(i).copied().unwrap_or(0))
+    }
+
     pub fn share(&self, ep: SocketAddr) -> f64 {
         *self.by_endpoint.get(&ep.to_string()).unwrap_or(&0) as f64 / self.ok.max(1) as f64
     }
@@ -360,7 +369,10 @@ pub async fn load(proxy: SocketAddr, host: &str, clients: usize, total: u64) -> 
                 sender: None,
             };
             while next.fetch_add(1, Ordering::Relaxed) < total {
-                record(&mut counts, conn.get(&host, "/").await);
+                let t0 = Instant::now();
+                let r = conn.get(&host, "/").await;
+                counts.lat_us.push(t0.elapsed().as_micros() as u64);
+                record(&mut counts, r);
             }
             counts
         }));
@@ -389,7 +401,9 @@ pub async fn load_until(
                 sender: None,
             };
             while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
                 let r = conn.get(&host, "/").await;
+                counts.lat_us.push(t0.elapsed().as_micros() as u64);
                 if let Ok((200, Some(ep), _)) = &r {
                     first_seen
                         .lock()
@@ -425,6 +439,7 @@ async fn merge(tasks: Vec<tokio::task::JoinHandle<Counts>>) -> Counts {
         let c = t.await.expect("load task");
         all.ok += c.ok;
         all.failed.extend(c.failed);
+        all.lat_us.extend(c.lat_us);
         for (k, v) in c.by_endpoint {
             *all.by_endpoint.entry(k).or_default() += v;
         }

@@ -123,3 +123,83 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_backend_with_per_try_timeout_loses_nothing_and_bounds_latency() {
+    let net = Net::new(43);
+    let fast = [("TIMING_50_PERCENTILE", "10ms")];
+    let _b1 = net.backend(1, &fast).await;
+    let _b2 = net.backend(2, &fast).await;
+    let hung = net.backend(3, &fast).await;
+    net.service("backend", &[1, 2, 3]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    retries: {attempts: 2, perTryTimeout: 1s}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let loader = tokio::spawn(load_until(
+        net.addr(100, 15001),
+        "backend",
+        20,
+        stop.clone(),
+        seen,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hung.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    hung.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let c = loader.await.expect("load");
+    assert!(
+        c.failed.is_empty(),
+        "{} failed: {:?}",
+        c.failed.len(),
+        &c.failed[..c.failed.len().min(5)]
+    );
+    assert!(c.ok > 1000, "throughput collapsed: {} requests", c.ok);
+    let p999 = c.quantile(0.999);
+    assert!(p999 < Duration::from_millis(1500), "p99.9 {p999:?}");
+    let max = c.quantile(1.0);
+    assert!(
+        max >= Duration::from_millis(1000),
+        "no request ever waited on the hung replica? max {max:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_stay_within_the_budget_when_every_backend_fails() {
+    let net = Net::new(44);
+    // Three endpoints, none listening: every attempt is refused.
+    net.service("backend", &[1, 2, 3]);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let start = tokio::time::Instant::now();
+    let c = load(net.addr(100, 15001), "backend", 4, 600).await;
+    let secs = start.elapsed().as_secs_f64().ceil();
+    assert_eq!(c.ok, 0);
+    assert_eq!(c.failed.len(), 600);
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    let cluster = &v["clusters"]["backend.default.svc.cluster.local:80"];
+    let retries = cluster["retries"].as_u64().expect("retries");
+    let exhausted = cluster["retry_budget_exhausted"]
+        .as_u64()
+        .expect("exhausted");
+    // 20% of requests plus 10 a second (windows are whole seconds: one more may straddle).
+    let allowed = (0.2 * 600.0 + 10.0 * (secs + 1.0)) as u64;
+    assert!(
+        retries <= allowed,
+        "{retries} retries for 600 requests in {secs} s (allowed {allowed})"
+    );
+    assert!(exhausted > 0, "budget never ran out: {retries} retries");
+    assert!(
+        c.failed
+            .iter()
+            .any(|f| f.contains("retry budget exhausted")),
+        "{:?}",
+        &c.failed[..3]
+    );
+}

@@ -106,6 +106,15 @@ pub struct Retries {
     /// Retries after the first attempt (default 2, at most 10).
     #[serde(default)]
     pub attempts: Option<u32>,
+    /// Timeout of each attempt, e.g. `1s` (default: none).
+    #[serde(default)]
+    pub per_try_timeout: Option<String>,
+    /// Retry budget: retries at most this percent of requests (default 20).
+    #[serde(default)]
+    pub budget_percent: Option<u32>,
+    /// Retry budget: plus this many retries a second (default 10).
+    #[serde(default)]
+    pub min_retries_per_second: Option<u32>,
 }
 
 /// `spec.trafficPolicy.loadBalancer`.
@@ -322,7 +331,18 @@ pub struct Resolved {
     pub retry_attempts: u32,
     /// Slow-start window.
     pub warmup: Option<Duration>,
+    /// Timeout of each attempt.
+    pub per_try_timeout: Option<Duration>,
+    /// Retry budget percent.
+    pub retry_budget_percent: u32,
+    /// Retry budget floor per second.
+    pub retry_budget_min_per_second: u32,
 }
+
+/// Default retry budget: retries at most 20% of requests…
+pub const DEFAULT_RETRY_BUDGET_PERCENT: u32 = 20;
+/// …plus 10 a second, so that a quiet service can still retry.
+pub const DEFAULT_RETRY_BUDGET_MIN_PER_SECOND: u32 = 10;
 
 /// Default retries on connect failure, as Istio's mesh default.
 pub const DEFAULT_RETRY_ATTEMPTS: u32 = 2;
@@ -357,6 +377,9 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         timeout: None,
         retry_attempts: DEFAULT_RETRY_ATTEMPTS,
         warmup: None,
+        per_try_timeout: None,
+        retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
+        retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
     };
     let Some(tp) = &spec.traffic_policy else {
         return Ok((resolved, warnings));
@@ -392,6 +415,30 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
                 ));
             }
             resolved.retry_attempts = a;
+        }
+        if let Some(t) = &r.per_try_timeout {
+            resolved.per_try_timeout = Some(
+                parse_duration(t)
+                    .map_err(|r| FieldError::new("spec.trafficPolicy.retries.perTryTimeout", r))?,
+            );
+        }
+        if let Some(p) = r.budget_percent {
+            if p > 100 {
+                return Err(FieldError::new(
+                    "spec.trafficPolicy.retries.budgetPercent",
+                    format!("{p} is more than 100"),
+                ));
+            }
+            resolved.retry_budget_percent = p;
+        }
+        if let Some(m) = r.min_retries_per_second {
+            if m > 100_000 {
+                return Err(FieldError::new(
+                    "spec.trafficPolicy.retries.minRetriesPerSecond",
+                    format!("{m} is more than 100000"),
+                ));
+            }
+            resolved.retry_budget_min_per_second = m;
         }
     }
     let Some(lb) = &tp.load_balancer else {
