@@ -167,6 +167,14 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                     res.per_try_timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.retry_budget_percent = res.retry_budget_percent;
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
+                cluster.max_requests = res.max_requests;
+                cluster.outlier_detection = res.outlier.as_ref().map(|o| v1::OutlierDetection {
+                    consecutive_5xx: o.consecutive_5xx,
+                    consecutive_gateway_errors: o.consecutive_gateway,
+                    base_ejection_ms: o.base_ejection.as_millis() as u64,
+                    max_ejection_percent: o.max_ejection_percent,
+                    min_health_percent: o.min_health_percent,
+                });
                 cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
                 match res.policy {
                     Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,

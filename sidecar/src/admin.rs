@@ -98,6 +98,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "pod": e.pod,
                         "active": e.active.load(Ordering::Relaxed),
                         "failing": e.is_failing(),
+                        "ejected": e.is_ejected(),
                         "requests": e.counters.issued.load(Ordering::Relaxed),
                     })
                 })
@@ -122,7 +123,12 @@ fn config(admin: &Admin) -> serde_json::Value {
 fn metrics(admin: &Admin) -> String {
     let routing = admin.routing.load();
     let mut out = String::new();
-    let series: [(&str, &str, &str); 5] = [
+    let series: [(&str, &str, &str); 6] = [
+        (
+            "minimesh_endpoint_ejected",
+            "gauge",
+            "1 while ejected by outlier detection",
+        ),
         (
             "minimesh_endpoint_requests_total",
             "counter",
@@ -191,6 +197,9 @@ fn metrics(admin: &Admin) -> String {
                             "{name}{{{labels}}} {}",
                             k.connect_failures.load(Ordering::Relaxed)
                         );
+                    }
+                    "minimesh_endpoint_ejected" => {
+                        let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(e.is_ejected()));
                     }
                     _ => {
                         let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(e.is_failing()));

@@ -51,6 +51,14 @@ pub struct EndpointState {
     pub fail_until_ms: AtomicU64,
     /// Counters.
     pub counters: Counters,
+    /// Consecutive 5xx responses (outlier detection).
+    pub consecutive_5xx: AtomicU32,
+    /// Consecutive gateway errors: 502/503/504 and failed connections.
+    pub consecutive_gateway: AtomicU32,
+    /// Ejected by outlier detection until this [`clock::now_ms`] value.
+    pub ejected_until_ms: AtomicU64,
+    /// Times ejected (the ejection time grows with it).
+    pub ejections: AtomicU32,
     /// PEAK_EWMA round-trip estimate in microseconds (f64 bits; 0 = no sample).
     pub ewma_rtt_us: AtomicU64,
     /// When `ewma_rtt_us` was last updated ([`clock::now_ms`] × 1000).
@@ -71,6 +79,10 @@ impl EndpointState {
             consecutive_failures: AtomicU32::new(0),
             fail_until_ms: AtomicU64::new(0),
             counters: Counters::default(),
+            consecutive_5xx: AtomicU32::new(0),
+            consecutive_gateway: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            ejections: AtomicU32::new(0),
             ewma_rtt_us: AtomicU64::new(0),
             ewma_stamp_us: AtomicU64::new(0),
         })
@@ -79,7 +91,14 @@ impl EndpointState {
     /// True while the endpoint is backing off after a connect failure.
     #[inline]
     pub fn is_failing(&self) -> bool {
-        self.fail_until_ms.load(Ordering::Relaxed) > clock::now_ms()
+        let now = clock::now_ms();
+        self.fail_until_ms.load(Ordering::Relaxed) > now
+            || self.ejected_until_ms.load(Ordering::Relaxed) > now
+    }
+
+    /// True while ejected by outlier detection.
+    pub fn is_ejected(&self) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > clock::now_ms()
     }
 
     /// Records a refused connection (or an attempt that timed out): the

@@ -186,6 +186,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             timeout: None,
             per_try_timeout: None,
             budget: retry::Budget::new(20, 10),
+            outlier: None,
+            max_requests: 0,
+            inflight: Default::default(),
             rule: String::new(),
         });
         let table = Routing {

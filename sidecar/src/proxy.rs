@@ -262,6 +262,21 @@ async fn forward(
     );
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
+    let mut inflight = match admit(cluster) {
+        Ok(g) => g,
+        Err(max) => {
+            let reason = format!(
+                "cluster {} has {max} requests in flight (connectionPool limit)",
+                cluster.name
+            );
+            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, &reason);
+            if let Ok(v) = HeaderValue::from_str(&format!("max requests {max}")) {
+                r.headers_mut()
+                    .insert(HeaderName::from_static(OVERFLOW_HEADER), v);
+            }
+            return r;
+        }
+    };
     cluster.budget.on_request();
     for attempt in 0..attempts {
         if attempt > 0 && !cluster.budget.try_retry() {
@@ -363,6 +378,7 @@ async fn forward(
                 } else {
                     c.succeeded.fetch_add(1, Ordering::Relaxed);
                 }
+                outlier_outcome(cluster, &ep, Some(resp.status()));
                 let (mut rp, rb) = resp.into_parts();
                 strip_hop_by_hop(&mut rp.headers);
                 rp.headers
@@ -372,12 +388,14 @@ async fn forward(
                     Either::Left(Tracked {
                         inner: rb,
                         _guard: guard,
+                        _inflight: inflight.take(),
                     }),
                 );
             }
             Err(e) if e.is_connect() => {
                 debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "connect failed; retrying elsewhere");
                 ep.mark_connect_failure();
+                outlier_outcome(cluster, &ep, None);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("connect to {} failed: {}", ep.addr, source_chain(&e));
                 last = Some(ep);
@@ -435,11 +453,85 @@ pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
     r
 }
 
-/// An upstream response body that keeps its endpoint's active count until
-/// the body is done.
+/// An upstream response body that keeps its endpoint's active count (and
+/// the cluster's in-flight count) until the body is done.
 pub struct Tracked {
     inner: Incoming,
     _guard: ActiveGuard,
+    _inflight: Option<InflightGuard>,
+}
+
+/// One request counted against a cluster's `max_requests`.
+pub struct InflightGuard(Arc<std::sync::atomic::AtomicU32>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request against the cluster's limit; None when it is full.
+fn admit(cluster: &ClusterHandle) -> Result<Option<InflightGuard>, u32> {
+    if cluster.max_requests == 0 {
+        return Ok(None);
+    }
+    if cluster.inflight.fetch_add(1, Ordering::Relaxed) >= cluster.max_requests {
+        cluster.inflight.fetch_sub(1, Ordering::Relaxed);
+        return Err(cluster.max_requests);
+    }
+    Ok(Some(InflightGuard(cluster.inflight.clone())))
+}
+
+/// Header naming the limit that turned a request away.
+pub const OVERFLOW_HEADER: &str = "x-minimesh-overflow";
+
+/// Counts the outcome for outlier detection and ejects the endpoint when it
+/// crossed a consecutive-error threshold.
+fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, status: Option<StatusCode>) {
+    let server_error = status.is_none_or(|s| s.is_server_error());
+    let gateway = status.is_none_or(|s| matches!(s.as_u16(), 502..=504));
+    if !server_error {
+        if ep.consecutive_5xx.load(Ordering::Relaxed) != 0
+            || ep.consecutive_gateway.load(Ordering::Relaxed) != 0
+        {
+            ep.consecutive_5xx.store(0, Ordering::Relaxed);
+            ep.consecutive_gateway.store(0, Ordering::Relaxed);
+        }
+        return;
+    }
+    let Some(od) = &cluster.outlier else { return };
+    // Connection failures (status None) count as gateway errors only, as Envoy's do.
+    let c5 = if status.is_some() {
+        ep.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        0
+    };
+    let cg = if gateway {
+        ep.consecutive_gateway.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        0
+    };
+    let tripped = (od.consecutive_5xx > 0 && c5 >= od.consecutive_5xx)
+        || (od.consecutive_gateway_errors > 0 && cg >= od.consecutive_gateway_errors);
+    if !tripped || ep.is_ejected() {
+        return;
+    }
+    let eps = cluster.balancer.endpoints();
+    let n = eps.len();
+    let ejected = eps.iter().filter(|e| e.is_ejected()).count();
+    // As Envoy: at least one endpoint may always be ejected.
+    let max = (n * od.max_ejection_percent as usize / 100).max(1);
+    let available_after = (n - ejected - 1) * 100 / n.max(1);
+    if ejected >= max || available_after < od.min_health_percent as usize {
+        return;
+    }
+    let times = ep.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+    let ms = (od.base_ejection_ms * u64::from(times)).min(300_000);
+    ep.ejected_until_ms
+        .store(crate::clock::precise_ms() + ms, Ordering::Relaxed);
+    ep.consecutive_5xx.store(0, Ordering::Relaxed);
+    ep.consecutive_gateway.store(0, Ordering::Relaxed);
+    info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = ms, times, "endpoint ejected by outlier detection");
 }
 
 impl Body for Tracked {

@@ -65,6 +65,12 @@ pub struct ClusterHandle {
     pub per_try_timeout: Option<Duration>,
     /// Limits retries to a share of requests.
     pub budget: crate::retry::Budget,
+    /// Passive outlier detection, when configured.
+    pub outlier: Option<minimesh_proto::v1::OutlierDetection>,
+    /// Requests in flight at most (0 = unlimited).
+    pub max_requests: u32,
+    /// Requests in flight now; shared across config updates.
+    pub inflight: Arc<std::sync::atomic::AtomicU32>,
     /// The rule in force (`namespace/name`), empty for the default policy.
     pub rule: String,
 }
@@ -114,6 +120,7 @@ pub struct Resources {
     /// Routes by `service.namespace`.
     pub routes: BTreeMap<String, Route>,
     states: HashMap<(String, SocketAddr), Arc<EndpointState>>,
+    inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
 }
 
 /// Checks a cluster the sidecar is about to accept.
@@ -206,6 +213,9 @@ impl Resources {
                     timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
                     per_try_timeout: (c.per_try_timeout_ms > 0)
                         .then(|| Duration::from_millis(c.per_try_timeout_ms)),
+                    outlier: c.outlier_detection,
+                    max_requests: c.max_requests,
+                    inflight: self.inflight.entry(name.clone()).or_default().clone(),
                     budget: crate::retry::Budget::new(
                         c.retry_budget_percent,
                         c.retry_budget_min_per_second,

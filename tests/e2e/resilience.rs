@@ -203,3 +203,91 @@ async fn retries_stay_within_the_budget_when_every_backend_fails() {
         &c.failed[..3]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_failing_backend_is_ejected_and_comes_back() {
+    let net = Net::new(45);
+    let _bad = net
+        .backend(1, &[("ERROR_RATE", "0.5"), ("ERROR_CODE", "503")])
+        .await;
+    let _good = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    outlierDetection:\n      consecutive5xxErrors: 2\n      interval: 1s\n      baseEjectionTime: 2s\n      maxEjectionPercent: 100\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    let bad = net.addr(1, 9090).to_string();
+    let mut conn = Conn::open(proxy).await.expect("connect");
+    // Until two 503s in a row, the bad endpoint gets its round-robin share.
+    let start = tokio::time::Instant::now();
+    loop {
+        conn.get("backend", "/").await.expect("response");
+        let v = get_json(net.addr(100, 15000), "/debug/config").await;
+        let eps = &v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"];
+        if eps
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .any(|e| e["address"] == bad.as_str() && e["ejected"] == true)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never ejected");
+    }
+    let ejected_at = tokio::time::Instant::now();
+    // While ejected: every request goes to the good endpoint and succeeds.
+    let mut during = 0;
+    while ejected_at.elapsed() < Duration::from_millis(1700) {
+        let (status, ep, _) = conn.get("backend", "/").await.expect("response");
+        assert_eq!(status, 200);
+        assert_eq!(ep.as_deref(), Some(net.addr(2, 9090).to_string().as_str()));
+        during += 1;
+    }
+    assert!(during > 20);
+    // After the ejection time it serves again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut back = false;
+    for _ in 0..20 {
+        let (_, ep, _) = conn.get("backend", "/").await.expect("response");
+        back |= ep.as_deref() == Some(bad.as_str());
+    }
+    assert!(back, "the ejected endpoint never came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflowing_the_connection_pool_is_answered_at_once_with_the_reason() {
+    let net = Net::new(46);
+    let _b = net.backend(1, &[("TIMING_50_PERCENTILE", "500ms")]).await;
+    net.service("backend", &[1]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    connectionPool:\n      tcp: {maxConnections: 2}\n      http: {http1MaxPendingRequests: 2}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    let slow: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { get(proxy, "backend", "/").await }))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let t0 = tokio::time::Instant::now();
+    let mut c = Conn::open(proxy).await.expect("connect");
+    let (status, _, body) = c.get("backend", "/").await.expect("response");
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "overflow took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(status, 503);
+    assert_eq!(body.trim(), "minimesh: cluster backend.default.svc.cluster.local:80 has 4 requests in flight (connectionPool limit)");
+    for s in slow {
+        let (status, _, _) = s.await.expect("join").expect("response");
+        assert_eq!(status, 200);
+    }
+    // Once they finish, requests are admitted again.
+    let (status, _, _) = c.get("backend", "/").await.expect("response");
+    assert_eq!(status, 200);
+}

@@ -75,13 +75,12 @@ pub struct TrafficPolicy {
     /// How endpoints are picked.
     #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
-    /// Istio connection pool settings: accepted, not yet enforced (warning).
+    /// Istio connection pool limits.
     #[serde(default)]
-    pub connection_pool: Option<serde_json::Value>,
-    /// Istio outlier detection: accepted, not yet enforced (warning); a
-    /// refused connection always marks its endpoint failing at once.
+    pub connection_pool: Option<ConnectionPool>,
+    /// Istio outlier detection (passive ejection of failing endpoints).
     #[serde(default)]
-    pub outlier_detection: Option<serde_json::Value>,
+    pub outlier_detection: Option<OutlierDetection>,
     /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
     #[serde(default)]
     pub tls: Option<serde_json::Value>,
@@ -97,6 +96,102 @@ pub struct TrafficPolicy {
     /// minimesh extension: TCP connect timeout, e.g. `1s` (default 1s).
     #[serde(default)]
     pub connect_timeout: Option<String>,
+}
+
+/// `spec.trafficPolicy.outlierDetection`, Istio's fields and defaults.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutlierDetection {
+    /// Consecutive 5xx responses that eject an endpoint (default 5; 0 = off).
+    #[serde(default, rename = "consecutive5xxErrors")]
+    pub consecutive_5xx_errors: Option<u32>,
+    /// Consecutive 502/503/504 (and failed connections) that eject (default off).
+    #[serde(default)]
+    pub consecutive_gateway_errors: Option<u32>,
+    /// Istio's analysis interval (default 10s); consecutive-error detection acts at once.
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Ejection time, multiplied by the number of times ejected (default 30s).
+    #[serde(default)]
+    pub base_ejection_time: Option<String>,
+    /// Most endpoints ejected at once, percent (default 10; at least one is always allowed).
+    #[serde(default)]
+    pub max_ejection_percent: Option<u32>,
+    /// Panic threshold: below this percent of available endpoints, ejections are ignored (default 0).
+    #[serde(default)]
+    pub min_health_percent: Option<u32>,
+}
+
+/// Outlier detection as resolved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Outlier {
+    /// Consecutive 5xx to eject (0 = off).
+    pub consecutive_5xx: u32,
+    /// Consecutive gateway errors to eject (0 = off).
+    pub consecutive_gateway: u32,
+    /// Base ejection time.
+    pub base_ejection: Duration,
+    /// Max ejected percent.
+    pub max_ejection_percent: u32,
+    /// Panic threshold percent.
+    pub min_health_percent: u32,
+}
+
+/// `spec.trafficPolicy.connectionPool` (Istio).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConnectionPool {
+    /// TCP settings.
+    #[serde(default)]
+    pub tcp: Option<TcpPool>,
+    /// HTTP settings.
+    #[serde(default)]
+    pub http: Option<HttpPool>,
+}
+
+/// `connectionPool.tcp`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TcpPool {
+    /// Connections to the service at most, per sidecar.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Connect timeout (accepted; the sidecar's --connect-timeout applies).
+    #[serde(default)]
+    pub connect_timeout: Option<String>,
+    /// TCP keepalive (accepted, not enforced).
+    #[serde(default)]
+    pub tcp_keepalive: Option<serde_json::Value>,
+}
+
+/// `connectionPool.http`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpPool {
+    /// Requests waiting for a connection at most.
+    #[serde(default, rename = "http1MaxPendingRequests")]
+    pub http1_max_pending_requests: Option<u32>,
+    /// Requests in flight at most.
+    #[serde(default, rename = "http2MaxRequests")]
+    pub http2_max_requests: Option<u32>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub max_requests_per_connection: Option<u32>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub h2_upgrade_policy: Option<String>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub use_client_protocol: Option<bool>,
+    /// Accepted, not enforced.
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u32>,
 }
 
 /// `spec.trafficPolicy.retries` (minimesh extension).
@@ -337,6 +432,10 @@ pub struct Resolved {
     pub retry_budget_percent: u32,
     /// Retry budget floor per second.
     pub retry_budget_min_per_second: u32,
+    /// Outlier detection, when configured.
+    pub outlier: Option<Outlier>,
+    /// Requests in flight per sidecar at most (0 = unlimited).
+    pub max_requests: u32,
 }
 
 /// Default retry budget: retries at most 20% of requests…
@@ -380,13 +479,90 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         per_try_timeout: None,
         retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
         retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
+        outlier: None,
+        max_requests: 0,
     };
     let Some(tp) = &spec.traffic_policy else {
         return Ok((resolved, warnings));
     };
+    if let Some(od) = &tp.outlier_detection {
+        const OD: &str = "spec.trafficPolicy.outlierDetection";
+        let dur = |v: &Option<String>, field: &str, default: Duration| match v {
+            Some(t) => parse_duration(t).map_err(|r| FieldError::new(format!("{OD}.{field}"), r)),
+            None => Ok(default),
+        };
+        dur(&od.interval, "interval", Duration::from_secs(10))?;
+        let base_ejection = dur(
+            &od.base_ejection_time,
+            "baseEjectionTime",
+            Duration::from_secs(30),
+        )?;
+        for (v, field) in [
+            (od.max_ejection_percent, "maxEjectionPercent"),
+            (od.min_health_percent, "minHealthPercent"),
+        ] {
+            if v.is_some_and(|v| v > 100) {
+                return Err(FieldError::new(
+                    format!("{OD}.{field}"),
+                    format!("{} is more than 100", v.unwrap_or(0)),
+                ));
+            }
+        }
+        resolved.outlier = Some(Outlier {
+            consecutive_5xx: od.consecutive_5xx_errors.unwrap_or(5),
+            consecutive_gateway: od.consecutive_gateway_errors.unwrap_or(0),
+            base_ejection,
+            max_ejection_percent: od.max_ejection_percent.unwrap_or(10),
+            min_health_percent: od.min_health_percent.unwrap_or(0),
+        });
+    }
+    if let Some(cp) = &tp.connection_pool {
+        const CP: &str = "spec.trafficPolicy.connectionPool";
+        let conns = cp.tcp.as_ref().and_then(|t| t.max_connections);
+        let pending = cp.http.as_ref().and_then(|h| h.http1_max_pending_requests);
+        let h2 = cp.http.as_ref().and_then(|h| h.http2_max_requests);
+        for (v, field) in [
+            (conns, "tcp.maxConnections"),
+            (pending, "http.http1MaxPendingRequests"),
+            (h2, "http.http2MaxRequests"),
+        ] {
+            if v == Some(0) {
+                return Err(FieldError::new(
+                    format!("{CP}.{field}"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        // Upstream connections carry one HTTP/1.1 request each: requests in
+        // flight are at most maxConnections plus the pending queue, and at
+        // most http2MaxRequests.
+        let limit = match (conns, pending) {
+            (Some(c), Some(p)) => Some(c.saturating_add(p)),
+            (Some(c), None) => Some(c.saturating_add(1024)),
+            (None, Some(p)) => Some(p.saturating_add(1024)),
+            (None, None) => None,
+        };
+        resolved.max_requests = match (limit, h2) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => 0,
+        };
+        let unenforced = cp.http.as_ref().is_some_and(|h| {
+            h.max_requests_per_connection.is_some()
+                || h.max_retries.is_some()
+                || h.idle_timeout.is_some()
+                || h.h2_upgrade_policy.is_some()
+                || h.use_client_protocol.is_some()
+                || h.max_concurrent_streams.is_some()
+        }) || cp
+            .tcp
+            .as_ref()
+            .is_some_and(|t| t.connect_timeout.is_some() || t.tcp_keepalive.is_some());
+        if unenforced {
+            warnings.push(format!("{CP}: only tcp.maxConnections, http.http1MaxPendingRequests and http.http2MaxRequests are enforced yet"));
+        }
+    }
     for (set, name) in [
-        (tp.connection_pool.is_some(), "connectionPool"),
-        (tp.outlier_detection.is_some(), "outlierDetection"),
         (tp.tls.is_some(), "tls"),
         (!tp.port_level_settings.is_empty(), "portLevelSettings"),
     ] {
