@@ -153,6 +153,7 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                 policy: LbPolicy::LeastRequest as i32,
                 retry_attempts: rule::DEFAULT_RETRY_ATTEMPTS,
                 retry_budget_percent: rule::DEFAULT_RETRY_BUDGET_PERCENT,
+                retry_on: rule::parse_retry_on(rule::DEFAULT_RETRY_ON).unwrap_or(0),
                 retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
                 ..Default::default()
             };
@@ -168,6 +169,7 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                 cluster.retry_budget_percent = res.retry_budget_percent;
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.max_requests = res.max_requests;
+                cluster.retry_on = res.retry_on;
                 cluster.outlier_detection = res.outlier.as_ref().map(|o| v1::OutlierDetection {
                     consecutive_5xx: o.consecutive_5xx,
                     consecutive_gateway_errors: o.consecutive_gateway,

@@ -188,6 +188,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             budget: retry::Budget::new(20, 10),
             outlier: None,
             max_requests: 0,
+            retry_on: minimesh_proto::v1::RetryOn::ConnectFailure as u32,
             inflight: Default::default(),
             rule: String::new(),
         });

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
+use minimesh_proto::v1::RetryOn;
 
 /// Request bodies up to this size are buffered so that a retry can resend
 /// them; larger or unknown-length bodies stream through without retries.
@@ -332,7 +333,12 @@ async fn forward(
                 ep.mark_connect_failure();
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} did not answer within the per-try timeout", ep.addr);
-                if more && idempotent {
+                if more
+                    && idempotent
+                    && (on(cluster, RetryOn::Reset)
+                        || on(cluster, RetryOn::GatewayError)
+                        || on(cluster, RetryOn::ServerError))
+                {
                     last = Some(ep);
                     drop(guard);
                     continue;
@@ -344,6 +350,7 @@ async fn forward(
             Ok(resp)
                 if more
                     && idempotent
+                    && on(cluster, RetryOn::ConnectFailure)
                     && resp.status() == StatusCode::SERVICE_UNAVAILABLE
                     && resp.headers().contains_key(ERROR_HEADER) =>
             {
@@ -358,6 +365,18 @@ async fn forward(
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("")
                 );
+                last = Some(ep);
+                drop(guard);
+            }
+            Ok(resp)
+                if more
+                    && ((on(cluster, RetryOn::ServerError) && resp.status().is_server_error())
+                        || (on(cluster, RetryOn::GatewayError)
+                            && matches!(resp.status().as_u16(), 502..=504))) =>
+            {
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                outlier_outcome(cluster, &ep, Some(resp.status()));
+                last_error = format!("{} answered {}", ep.addr, resp.status());
                 last = Some(ep);
                 drop(guard);
             }
@@ -400,11 +419,11 @@ async fn forward(
                 last_error = format!("connect to {} failed: {}", ep.addr, source_chain(&e));
                 last = Some(ep);
                 drop(guard);
-                if buffered.is_none() {
+                if buffered.is_none() || !on(cluster, RetryOn::ConnectFailure) {
                     break;
                 }
             }
-            Err(e) if more && idempotent => {
+            Err(e) if more && idempotent && on(cluster, RetryOn::Reset) => {
                 // Reset or closed before a response (a replica killed with
                 // the request in flight): safe to resend an idempotent request.
                 debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "request failed in flight; retrying elsewhere");
@@ -480,6 +499,11 @@ fn admit(cluster: &ClusterHandle) -> Result<Option<InflightGuard>, u32> {
         return Err(cluster.max_requests);
     }
     Ok(Some(InflightGuard(cluster.inflight.clone())))
+}
+
+#[inline]
+fn on(cluster: &ClusterHandle, cond: RetryOn) -> bool {
+    cluster.retry_on & cond as u32 != 0
 }
 
 /// Header naming the limit that turned a request away.

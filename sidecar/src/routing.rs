@@ -69,6 +69,8 @@ pub struct ClusterHandle {
     pub outlier: Option<minimesh_proto::v1::OutlierDetection>,
     /// Requests in flight at most (0 = unlimited).
     pub max_requests: u32,
+    /// When to retry (bits of the wire `RetryOn`).
+    pub retry_on: u32,
     /// Requests in flight now; shared across config updates.
     pub inflight: Arc<std::sync::atomic::AtomicU32>,
     /// The rule in force (`namespace/name`), empty for the default policy.
@@ -215,6 +217,7 @@ impl Resources {
                         .then(|| Duration::from_millis(c.per_try_timeout_ms)),
                     outlier: c.outlier_detection,
                     max_requests: c.max_requests,
+                    retry_on: c.retry_on,
                     inflight: self.inflight.entry(name.clone()).or_default().clone(),
                     budget: crate::retry::Budget::new(
                         c.retry_budget_percent,

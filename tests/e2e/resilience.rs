@@ -291,3 +291,48 @@ async fn overflowing_the_connection_pool_is_answered_at_once_with_the_reason() {
     let (status, _, _) = c.get("backend", "/").await.expect("response");
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_on_5xx_hides_a_failing_replica() {
+    let net = Net::new(47);
+    let _bad = net.backend(1, &[("ERROR_RATE", "0.5")]).await;
+    let _good = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    retries: {attempts: 2, retryOn: \"5xx,connect-failure\", budgetPercent: 50}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let c = load(net.addr(100, 15001), "backend", 4, 400).await;
+    assert!(
+        c.failed.is_empty(),
+        "{} failed: {:?}",
+        c.failed.len(),
+        &c.failed[..c.failed.len().min(3)]
+    );
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    let retries = v["clusters"]["backend.default.svc.cluster.local:80"]["retries"]
+        .as_u64()
+        .expect("retries");
+    assert!(
+        (40..=160).contains(&retries),
+        "{retries} retries for ~100 injected errors"
+    );
+
+    // A bad token is refused with the field and the reason.
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    retries: {retryOn: \"5xx,sometimes\"}\n",
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    assert_eq!(
+        cfg["errors"][0]["field"],
+        "spec.trafficPolicy.retries.retryOn"
+    );
+    assert!(cfg["errors"][0]["reason"]
+        .as_str()
+        .expect("reason")
+        .starts_with("unknown token \"sometimes\""));
+}

@@ -201,6 +201,10 @@ pub struct Retries {
     /// Retries after the first attempt (default 2, at most 10).
     #[serde(default)]
     pub attempts: Option<u32>,
+    /// When to retry, Istio's comma-separated tokens (default
+    /// `connect-failure,refused-stream,unavailable,cancelled,reset`).
+    #[serde(default)]
+    pub retry_on: Option<String>,
     /// Timeout of each attempt, e.g. `1s` (default: none).
     #[serde(default)]
     pub per_try_timeout: Option<String>,
@@ -434,6 +438,8 @@ pub struct Resolved {
     pub retry_budget_min_per_second: u32,
     /// Outlier detection, when configured.
     pub outlier: Option<Outlier>,
+    /// Bits of the wire `RetryOn` enum.
+    pub retry_on: u32,
     /// Requests in flight per sidecar at most (0 = unlimited).
     pub max_requests: u32,
 }
@@ -481,6 +487,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
         outlier: None,
         max_requests: 0,
+        retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
     };
     let Some(tp) = &spec.traffic_policy else {
         return Ok((resolved, warnings));
@@ -591,6 +598,10 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
                 ));
             }
             resolved.retry_attempts = a;
+        }
+        if let Some(on) = &r.retry_on {
+            resolved.retry_on = parse_retry_on(on)
+                .map_err(|reason| FieldError::new("spec.trafficPolicy.retries.retryOn", reason))?;
         }
         if let Some(t) = &r.per_try_timeout {
             resolved.per_try_timeout = Some(
@@ -786,6 +797,38 @@ fn is_prime(n: u64) -> bool {
     true
 }
 
+/// Retry conditions when a rule names none: Istio's mesh default, plus
+/// `reset` so that a replica killed with idempotent requests in flight costs
+/// no user-visible error.
+pub const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,reset";
+
+/// `retryOn` tokens and their bits (the wire `RetryOn` enum).
+pub const RETRY_ON_TOKENS: [(&str, u32); 7] = [
+    ("connect-failure", 1),
+    ("refused-stream", 2),
+    ("unavailable", 4),
+    ("cancelled", 8),
+    ("5xx", 16),
+    ("gateway-error", 32),
+    ("reset", 64),
+];
+
+/// Parses Istio's comma-separated `retryOn`.
+pub fn parse_retry_on(s: &str) -> Result<u32, String> {
+    let mut bits = 0;
+    for token in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let Some((_, b)) = RETRY_ON_TOKENS.iter().find(|(name, _)| *name == token) else {
+            let known: Vec<&str> = RETRY_ON_TOKENS.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "unknown token {token:?} (known: {})",
+                known.join(", ")
+            ));
+        };
+        bits |= b;
+    }
+    Ok(bits)
+}
+
 /// Parses a protobuf-style duration as Istio writes them: `100ms`, `1.5s`,
 /// `2m`, `1h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -826,6 +869,15 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("10d").is_err());
+    }
+
+    #[test]
+    fn retry_on_tokens() {
+        assert_eq!(parse_retry_on("5xx, reset"), Ok(16 | 64));
+        assert_eq!(
+            parse_retry_on("5xx,connect-faillure"),
+            Err("unknown token \"connect-faillure\" (known: connect-failure, refused-stream, unavailable, cancelled, 5xx, gateway-error, reset)".to_string())
+        );
     }
 
     #[test]
