@@ -208,6 +208,31 @@ fn metrics(admin: &Admin) -> String {
             }
         }
     }
+    let _ = writeln!(out, "# HELP minimesh_endpoint_request_duration_seconds Time to response headers\n# TYPE minimesh_endpoint_request_duration_seconds histogram");
+    for (cname, c) in &routing.clusters {
+        for e in c.balancer.endpoints() {
+            let labels = format!(
+                "cluster=\"{cname}\",endpoint=\"{}\",pod=\"{}\"",
+                e.addr, e.pod
+            );
+            e.counters.latency_ms.encode(
+                &mut out,
+                "minimesh_endpoint_request_duration_seconds",
+                &labels,
+                1e-3,
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP minimesh_pick_duration_seconds Time to pick an endpoint\n# TYPE minimesh_pick_duration_seconds histogram");
+    for (cname, c) in &routing.clusters {
+        let labels = format!(
+            "cluster=\"{cname}\",policy=\"{}\"",
+            c.balancer.policy().as_str()
+        );
+        c.pick_ns
+            .0
+            .encode(&mut out, "minimesh_pick_duration_seconds", &labels, 1e-9);
+    }
     let _ = writeln!(out, "# HELP minimesh_cluster_retries_total Retries made\n# TYPE minimesh_cluster_retries_total counter");
     for (cname, c) in &routing.clusters {
         let _ = writeln!(

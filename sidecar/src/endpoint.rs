@@ -18,7 +18,7 @@ pub const BASE_BACKOFF_MS: u64 = 250;
 pub const MAX_BACKOFF_MS: u64 = 10_000;
 
 /// Counters exported per endpoint (and later reported to the control plane).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Counters {
     /// Requests sent.
     pub issued: AtomicU64,
@@ -30,6 +30,23 @@ pub struct Counters {
     pub connect_failures: AtomicU64,
     /// Sum of latencies in microseconds.
     pub latency_us_sum: AtomicU64,
+    /// Latency to response headers, milliseconds.
+    pub latency_ms: crate::histogram::Histogram<13>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            issued: AtomicU64::new(0),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            connect_failures: AtomicU64::new(0),
+            latency_us_sum: AtomicU64::new(0),
+            latency_ms: crate::histogram::Histogram::new(
+                &crate::histogram::LATENCY_BUCKET_BOUNDS_MS,
+            ),
+        }
+    }
 }
 
 /// One endpoint of one cluster.

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod balance;
 pub mod clock;
 pub mod endpoint;
+pub mod histogram;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
@@ -185,7 +186,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             retry_attempts: 2,
             timeout: None,
             per_try_timeout: None,
-            budget: retry::Budget::new(20, 10),
+            budget: Arc::new(retry::Budget::new(20, 10)),
+            pick_ns: Default::default(),
             outlier: None,
             max_requests: 0,
             retry_on: minimesh_proto::v1::RetryOn::ConnectFailure as u32,

@@ -286,7 +286,13 @@ async fn forward(
                 &format!("retry budget exhausted; last: {last_error}"),
             );
         }
-        let Some(ep) = cluster.balancer.pick(hash, last.as_ref()).cloned() else {
+        let t_pick = std::time::Instant::now();
+        let picked = cluster.balancer.pick(hash, last.as_ref()).cloned();
+        cluster
+            .pick_ns
+            .0
+            .observe(t_pick.elapsed().as_nanos() as u64);
+        let Some(ep) = picked else {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("no healthy endpoints in cluster {}", cluster.name),
@@ -392,6 +398,7 @@ async fn forward(
                 }
                 let c = &ep.counters;
                 c.latency_us_sum.fetch_add(elapsed, Ordering::Relaxed);
+                c.latency_ms.observe(elapsed / 1000);
                 if resp.status().is_server_error() {
                     c.failed.fetch_add(1, Ordering::Relaxed);
                 } else {

@@ -65,6 +65,11 @@ impl Budget {
         }
     }
 
+    /// True when built with these parameters.
+    pub fn has_params(&self, percent: u32, min_per_second: u32) -> bool {
+        self.percent == u64::from(percent) && self.min_per_second == u64::from(min_per_second)
+    }
+
     /// Counts a request.
     #[inline]
     pub fn on_request(&self) {

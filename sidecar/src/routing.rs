@@ -64,7 +64,9 @@ pub struct ClusterHandle {
     /// Timeout of each attempt.
     pub per_try_timeout: Option<Duration>,
     /// Limits retries to a share of requests.
-    pub budget: crate::retry::Budget,
+    pub budget: Arc<crate::retry::Budget>,
+    /// Time each pick took, nanoseconds; kept across config updates.
+    pub pick_ns: Arc<PickHistogram>,
     /// Passive outlier detection, when configured.
     pub outlier: Option<minimesh_proto::v1::OutlierDetection>,
     /// Requests in flight at most (0 = unlimited).
@@ -123,6 +125,19 @@ pub struct Resources {
     pub routes: BTreeMap<String, Route>,
     states: HashMap<(String, SocketAddr), Arc<EndpointState>>,
     inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
+    budgets: HashMap<String, Arc<crate::retry::Budget>>,
+    picks: HashMap<String, Arc<PickHistogram>>,
+}
+
+/// Histogram of pick durations (nanoseconds).
+pub struct PickHistogram(pub crate::histogram::Histogram<8>);
+
+impl Default for PickHistogram {
+    fn default() -> Self {
+        PickHistogram(crate::histogram::Histogram::new(
+            &crate::histogram::PICK_BUCKET_BOUNDS_NS,
+        ))
+    }
 }
 
 /// Checks a cluster the sidecar is about to accept.
@@ -219,10 +234,22 @@ impl Resources {
                     max_requests: c.max_requests,
                     retry_on: c.retry_on,
                     inflight: self.inflight.entry(name.clone()).or_default().clone(),
-                    budget: crate::retry::Budget::new(
-                        c.retry_budget_percent,
-                        c.retry_budget_min_per_second,
-                    ),
+                    budget: {
+                        let b = self.budgets.entry(name.clone()).or_insert_with(|| {
+                            Arc::new(crate::retry::Budget::new(
+                                c.retry_budget_percent,
+                                c.retry_budget_min_per_second,
+                            ))
+                        });
+                        if !b.has_params(c.retry_budget_percent, c.retry_budget_min_per_second) {
+                            *b = Arc::new(crate::retry::Budget::new(
+                                c.retry_budget_percent,
+                                c.retry_budget_min_per_second,
+                            ));
+                        }
+                        b.clone()
+                    },
+                    pick_ns: self.picks.entry(name.clone()).or_default().clone(),
                     rule: c.rule.clone(),
                 }),
             );

@@ -134,5 +134,28 @@ async fn default_policy_is_least_request_and_h2c_and_proxy_form_work() {
         .expect("response");
     assert_eq!(status, 404);
     assert_eq!(body.trim(), "minimesh: no route for host nope.default");
+
+    // Metrics: per-endpoint counts and latency, pick duration per policy.
+    let (_, _, metrics) = get(net.addr(100, 15000), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    let labels = format!(
+        "cluster=\"backend.default.svc.cluster.local:80\",endpoint=\"{}\",pod=\"backend-1\"",
+        net.addr(1, 9090)
+    );
+    assert!(
+        metrics.contains(&format!("minimesh_endpoint_requests_total{{{labels}}} 2\n")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "minimesh_endpoint_request_duration_seconds_count{{{labels}}} 2\n"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("minimesh_pick_duration_seconds_count{cluster=\"backend.default.svc.cluster.local:80\",policy=\"LEAST_REQUEST\"} 2\n"),
+        "{metrics}"
+    );
     drop(sc);
 }
