@@ -170,6 +170,13 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.max_requests = res.max_requests;
                 cluster.retry_on = res.retry_on;
+                cluster.health_check = res.health_check.as_ref().map(|h| v1::HealthCheck {
+                    path: h.path.clone(),
+                    interval_ms: h.interval.as_millis() as u64,
+                    timeout_ms: h.timeout.as_millis() as u64,
+                    healthy_threshold: h.healthy_threshold,
+                    unhealthy_threshold: h.unhealthy_threshold,
+                });
                 cluster.outlier_detection = res.outlier.as_ref().map(|o| v1::OutlierDetection {
                     consecutive_5xx: o.consecutive_5xx,
                     consecutive_gateway_errors: o.consecutive_gateway,

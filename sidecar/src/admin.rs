@@ -99,6 +99,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "active": e.active.load(Ordering::Relaxed),
                         "failing": e.is_failing(),
                         "ejected": e.is_ejected(),
+                        "health_check_failing": e.hc_unhealthy.load(Ordering::Relaxed),
                         "requests": e.counters.issued.load(Ordering::Relaxed),
                     })
                 })

@@ -74,6 +74,10 @@ pub struct EndpointState {
     pub consecutive_gateway: AtomicU32,
     /// Ejected by outlier detection until this [`clock::now_ms`] value.
     pub ejected_until_ms: AtomicU64,
+    /// Failing its active health check.
+    pub hc_unhealthy: std::sync::atomic::AtomicBool,
+    /// Consecutive health-check outcomes that disagree with the current state.
+    pub hc_streak: AtomicU32,
     /// Times ejected (the ejection time grows with it).
     pub ejections: AtomicU32,
     /// PEAK_EWMA round-trip estimate in microseconds (f64 bits; 0 = no sample).
@@ -100,6 +104,8 @@ impl EndpointState {
             consecutive_gateway: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
+            hc_unhealthy: std::sync::atomic::AtomicBool::new(false),
+            hc_streak: AtomicU32::new(0),
             ewma_rtt_us: AtomicU64::new(0),
             ewma_stamp_us: AtomicU64::new(0),
         })
@@ -111,6 +117,7 @@ impl EndpointState {
         let now = clock::now_ms();
         self.fail_until_ms.load(Ordering::Relaxed) > now
             || self.ejected_until_ms.load(Ordering::Relaxed) > now
+            || self.hc_unhealthy.load(Ordering::Relaxed)
     }
 
     /// True while ejected by outlier detection.

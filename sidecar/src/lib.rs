@@ -7,6 +7,7 @@ pub mod admin;
 pub mod balance;
 pub mod clock;
 pub mod endpoint;
+pub mod health;
 pub mod histogram;
 pub mod proxy;
 pub mod retry;
@@ -135,6 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let routing = Arc::new(ArcSwap::from_pointee(Routing::default()));
     let ready = Arc::new(AtomicBool::new(false));
     let client = proxy::upstream_client(args.connect_timeout);
+    let client_for_health = client.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let admin_listener = TcpListener::bind(args.admin)
@@ -221,6 +223,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         routing,
         ready,
+        client: client_for_health,
     };
     let xds_task = tokio::spawn(xds.run());
     info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, admin = %args.admin, xds = args.xds_addr, "sidecar started");

@@ -1,6 +1,7 @@
 //! Losing the control plane.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -335,4 +336,47 @@ async fn retry_on_5xx_hides_a_failing_replica() {
         .as_str()
         .expect("reason")
         .starts_with("unknown token \"sometimes\""));
+}
+
+fn hc_failing(v: &serde_json::Value, addr: SocketAddr) -> bool {
+    v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .any(|e| e["address"] == addr.to_string().as_str() && e["health_check_failing"] == true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_health_checks_take_a_hung_endpoint_out_before_requests_reach_it() {
+    let net = Net::new(48);
+    let b1 = net.backend(1, &[]).await;
+    let _b2 = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    healthCheck: {path: /ready, interval: 200ms, timeout: 100ms, healthyThreshold: 1, unhealthyThreshold: 2}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    b1.signal("STOP");
+    wait_sidecar(admin, Duration::from_secs(3), |v| {
+        hc_failing(v, net.addr(1, 9090))
+    })
+    .await;
+    let start = tokio::time::Instant::now();
+    let c = load(net.addr(100, 15001), "backend", 2, 100).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    assert_eq!(c.by_endpoint.len(), 1, "{:?}", c.by_endpoint);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "requests waited on the hung endpoint"
+    );
+    b1.signal("CONT");
+    wait_sidecar(admin, Duration::from_secs(3), |v| {
+        !hc_failing(v, net.addr(1, 9090))
+    })
+    .await;
+    let c = load(net.addr(100, 15001), "backend", 1, 100).await;
+    assert_eq!(c.share(net.addr(1, 9090)), 0.5, "{:?}", c.by_endpoint);
 }

@@ -87,6 +87,9 @@ pub struct TrafficPolicy {
     /// Istio per-port policies: accepted, not yet used (warning).
     #[serde(default)]
     pub port_level_settings: Vec<serde_json::Value>,
+    /// minimesh extension: active HTTP health checks.
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
     /// minimesh extension: retries on connect failure.
     #[serde(default)]
     pub retries: Option<Retries>,
@@ -96,6 +99,42 @@ pub struct TrafficPolicy {
     /// minimesh extension: TCP connect timeout, e.g. `1s` (default 1s).
     #[serde(default)]
     pub connect_timeout: Option<String>,
+}
+
+/// `spec.trafficPolicy.healthCheck` (minimesh extension).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheck {
+    /// HTTP path probed with GET; 2xx is healthy (default `/health`).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Time between probes (default 5s, at least 100ms).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Probe timeout (default 1s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Successes that make an unhealthy endpoint healthy (default 1).
+    #[serde(default)]
+    pub healthy_threshold: Option<u32>,
+    /// Failures that make a healthy endpoint unhealthy (default 2).
+    #[serde(default)]
+    pub unhealthy_threshold: Option<u32>,
+}
+
+/// Health checking as resolved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResolvedHealthCheck {
+    /// Path.
+    pub path: String,
+    /// Interval.
+    pub interval: Duration,
+    /// Timeout.
+    pub timeout: Duration,
+    /// Healthy threshold.
+    pub healthy_threshold: u32,
+    /// Unhealthy threshold.
+    pub unhealthy_threshold: u32,
 }
 
 /// `spec.trafficPolicy.outlierDetection`, Istio's fields and defaults.
@@ -440,6 +479,8 @@ pub struct Resolved {
     pub outlier: Option<Outlier>,
     /// Bits of the wire `RetryOn` enum.
     pub retry_on: u32,
+    /// Active health checking, when configured.
+    pub health_check: Option<ResolvedHealthCheck>,
     /// Requests in flight per sidecar at most (0 = unlimited).
     pub max_requests: u32,
 }
@@ -488,6 +529,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         outlier: None,
         max_requests: 0,
         retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
+        health_check: None,
     };
     let Some(tp) = &spec.traffic_policy else {
         return Ok((resolved, warnings));
@@ -521,6 +563,50 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             base_ejection,
             max_ejection_percent: od.max_ejection_percent.unwrap_or(10),
             min_health_percent: od.min_health_percent.unwrap_or(0),
+        });
+    }
+    if let Some(hc) = &tp.health_check {
+        const HC: &str = "spec.trafficPolicy.healthCheck";
+        let dur = |v: &Option<String>, field: &str, default: Duration| match v {
+            Some(t) => parse_duration(t).map_err(|r| FieldError::new(format!("{HC}.{field}"), r)),
+            None => Ok(default),
+        };
+        let interval = dur(&hc.interval, "interval", Duration::from_secs(5))?;
+        if interval < Duration::from_millis(100) {
+            return Err(FieldError::new(
+                format!("{HC}.interval"),
+                "must be at least 100ms",
+            ));
+        }
+        let timeout = dur(&hc.timeout, "timeout", Duration::from_secs(1))?;
+        let path = hc.path.clone().unwrap_or_else(|| "/health".into());
+        if !path.starts_with('/')
+            || path.len() > 1024
+            || path.parse::<http::uri::PathAndQuery>().is_err()
+        {
+            return Err(FieldError::new(
+                format!("{HC}.path"),
+                format!("{path:?} is not an absolute path"),
+            ));
+        }
+        let th = |v: Option<u32>, field: &str, default: u32| match v {
+            Some(0) => Err(FieldError::new(
+                format!("{HC}.{field}"),
+                "must be at least 1",
+            )),
+            Some(n) if n > 100 => Err(FieldError::new(
+                format!("{HC}.{field}"),
+                format!("{n} is more than 100"),
+            )),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        resolved.health_check = Some(ResolvedHealthCheck {
+            path,
+            interval,
+            timeout,
+            healthy_threshold: th(hc.healthy_threshold, "healthyThreshold", 1)?,
+            unhealthy_threshold: th(hc.unhealthy_threshold, "unhealthyThreshold", 2)?,
         });
     }
     if let Some(cp) = &tp.connection_pool {

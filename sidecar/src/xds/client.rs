@@ -40,16 +40,22 @@ pub struct XdsClient {
     pub routing: Arc<ArcSwap<Routing>>,
     /// Set once every type has been received.
     pub ready: Arc<AtomicBool>,
+    /// Client for active health checks.
+    pub client: crate::proxy::UpstreamClient,
 }
 
 impl XdsClient {
     /// Runs forever, reconnecting as needed.
     pub async fn run(self) {
         let mut resources = Resources::default();
+        let mut health = crate::health::HealthCheckers::default();
         let mut versions: BTreeMap<&'static str, String> = BTreeMap::new();
         let mut backoff = BASE_BACKOFF;
         loop {
-            match self.session(&mut resources, &mut versions).await {
+            match self
+                .session(&mut resources, &mut versions, &mut health)
+                .await
+            {
                 Ok(true) => backoff = BASE_BACKOFF,
                 Ok(false) => {}
                 Err(e) => {
@@ -69,6 +75,7 @@ impl XdsClient {
         &self,
         resources: &mut Resources,
         versions: &mut BTreeMap<&'static str, String>,
+        health: &mut crate::health::HealthCheckers,
     ) -> anyhow::Result<bool> {
         let channel = tonic::transport::Endpoint::from_shared(self.address.clone())?
             .connect_timeout(Duration::from_secs(1))
@@ -116,6 +123,7 @@ impl XdsClient {
                         "config applied"
                     );
                     self.routing.store(Arc::new(routing));
+                    health.reconcile(&resources.clusters, &self.routing, &self.client);
                     if received.len() == ALL_TYPES.len() {
                         self.ready.store(true, Ordering::Relaxed);
                     }
