@@ -185,6 +185,8 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                     min_health_percent: o.min_health_percent,
                 });
                 cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
+                cluster.warmup_min_percent = res.warmup_min_percent;
+                cluster.warmup_aggression = res.warmup_aggression;
                 match res.policy {
                     Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
                     Policy::Maglev => cluster.table_size = res.hash_table_size,

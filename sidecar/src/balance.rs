@@ -75,11 +75,24 @@ enum Picker {
     PeakEwma,
 }
 
+/// Slow start (Envoy semantics): an endpoint that joined `window` ago or
+/// less is admitted with probability max(min, (age / window)^(1/aggression)).
+#[derive(Clone, Copy, Debug)]
+pub struct Warmup {
+    /// Length of the slow-start window, ms.
+    pub window_ms: u64,
+    /// Starting share (0..1).
+    pub min: f64,
+    /// 1 / aggression.
+    pub inv_aggression: f64,
+}
+
 /// The endpoints of a cluster that may receive traffic, and how to pick one.
 pub struct Balancer {
     endpoints: Vec<Arc<EndpointState>>,
     picker: Picker,
     policy: Policy,
+    warmup: Option<Warmup>,
 }
 
 impl Balancer {
@@ -115,7 +128,29 @@ impl Balancer {
             endpoints,
             picker,
             policy,
+            warmup: None,
         }
+    }
+
+    /// Enables slow start for newly joined endpoints.
+    pub fn with_warmup(mut self, warmup: Option<Warmup>) -> Balancer {
+        self.warmup = warmup;
+        self
+    }
+
+    /// True when `e` may take this request under slow start.
+    #[inline]
+    fn warm(&self, e: &EndpointState) -> bool {
+        let Some(w) = &self.warmup else { return true };
+        let joined = e.joined_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let age = crate::clock::now_ms().saturating_sub(joined);
+        if joined == 0 || age >= w.window_ms {
+            return true;
+        }
+        let factor = (age as f64 / w.window_ms as f64)
+            .powf(w.inv_aggression)
+            .max(w.min);
+        (rng::next() >> 11) as f64 / (1u64 << 53) as f64 <= factor
     }
 
     /// The policy.
@@ -154,7 +189,7 @@ impl Balancer {
         for step in 0..3 {
             let i = self.pick_index(hash, step);
             let e = &self.endpoints[i];
-            if usable(e) {
+            if usable(e) && self.warm(e) {
                 return Some(e);
             }
             first.get_or_insert(i);

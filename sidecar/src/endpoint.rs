@@ -74,6 +74,10 @@ pub struct EndpointState {
     pub consecutive_gateway: AtomicU32,
     /// Ejected by outlier detection until this [`clock::now_ms`] value.
     pub ejected_until_ms: AtomicU64,
+    /// When the endpoint joined its cluster ([`clock::precise_ms`]); 0 for
+    /// endpoints present when the sidecar first heard of the cluster (no
+    /// slow start at startup).
+    pub joined_ms: AtomicU64,
     /// Failing its active health check.
     pub hc_unhealthy: std::sync::atomic::AtomicBool,
     /// Consecutive health-check outcomes that disagree with the current state.
@@ -104,6 +108,7 @@ impl EndpointState {
             consecutive_gateway: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
+            joined_ms: AtomicU64::new(clock::precise_ms()),
             hc_unhealthy: std::sync::atomic::AtomicBool::new(false),
             hc_streak: AtomicU32::new(0),
             ewma_rtt_us: AtomicU64::new(0),

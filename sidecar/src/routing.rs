@@ -177,6 +177,10 @@ impl Resources {
     pub fn build(&mut self, namespace: &str, aliases: &HostAliases) -> Routing {
         let mut clusters = BTreeMap::new();
         let mut states = HashMap::new();
+        // Clusters that already had endpoints: only endpoints joining those
+        // get slow start.
+        let populated: std::collections::HashSet<String> =
+            self.states.keys().map(|(c, _)| c.clone()).collect();
         for (name, c) in &self.clusters {
             let Ok(policy) = Policy::from_wire(c.policy) else {
                 continue; // validated on receipt; unreachable in practice
@@ -206,17 +210,21 @@ impl Resources {
             } else {
                 healthy
             };
+            let known_cluster = populated.contains(name.as_str());
             let mut eps = Vec::with_capacity(chosen.len());
             for e in chosen {
                 let Ok(addr) = e.address.parse::<SocketAddr>() else {
                     continue;
                 };
                 let key = (name.clone(), addr);
-                let state = self
-                    .states
-                    .get(&key)
-                    .cloned()
-                    .unwrap_or_else(|| EndpointState::new(addr, e.pod.clone()));
+                let state = self.states.get(&key).cloned().unwrap_or_else(|| {
+                    let s = EndpointState::new(addr, e.pod.clone());
+                    if !known_cluster {
+                        // Present when the cluster first arrived: no slow start.
+                        s.joined_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    s
+                });
                 states.insert(key, state.clone());
                 eps.push((state, e.weight.max(1)));
             }
@@ -225,7 +233,12 @@ impl Resources {
                 Arc::new(ClusterHandle {
                     name: name.as_str().into(),
                     hash: c.hash_key.as_ref().and_then(HashPolicy::from_wire),
-                    balancer: Balancer::new(policy, c.minimum_ring_size.max(c.table_size), eps),
+                    balancer: Balancer::new(policy, c.minimum_ring_size.max(c.table_size), eps)
+                        .with_warmup((c.warmup_ms > 0).then(|| crate::balance::Warmup {
+                            window_ms: c.warmup_ms,
+                            min: (c.warmup_min_percent / 100.0).clamp(0.0, 1.0),
+                            inv_aggression: 1.0 / c.warmup_aggression.max(0.01),
+                        })),
                     retry_attempts: c.retry_attempts,
                     timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
                     per_try_timeout: (c.per_try_timeout_ms > 0)

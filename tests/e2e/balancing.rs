@@ -159,3 +159,39 @@ async fn default_policy_is_least_request_and_h2c_and_proxy_form_work() {
     );
     drop(sc);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_ramps_a_new_endpoint_up_slowly() {
+    let net = Net::new(16);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2]);
+    net.rule(
+        "rule.yaml",
+        "backend",
+        "simple: ROUND_ROBIN\nwarmupDurationSecs: 4s",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    // At startup there is no slow start: both endpoints share evenly.
+    let c = load(proxy, "backend", 2, 200).await;
+    assert_eq!(c.share(net.addr(1, 9090)), 0.5, "{:?}", c.by_endpoint);
+    net.service("backend", &[1, 2, 3]);
+    wait_sidecar(
+        net.addr(100, 15000),
+        std::time::Duration::from_secs(2),
+        |v| endpoints_of(v, "backend").len() == 3,
+    )
+    .await;
+    let early = load(proxy, "backend", 2, 600).await;
+    let early_share = early.share(net.addr(3, 9090));
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let late = load(proxy, "backend", 2, 900).await;
+    let late_share = late.share(net.addr(3, 9090));
+    assert!(early.failed.is_empty() && late.failed.is_empty());
+    assert!(early_share < 0.2, "new endpoint took {early_share} at once");
+    assert!(
+        (late_share - 1.0 / 3.0).abs() < 0.02,
+        "after warmup: {late_share}"
+    );
+}

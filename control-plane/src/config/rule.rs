@@ -469,6 +469,10 @@ pub struct Resolved {
     pub retry_attempts: u32,
     /// Slow-start window.
     pub warmup: Option<Duration>,
+    /// Slow-start starting share, percent.
+    pub warmup_min_percent: f64,
+    /// Slow-start aggression.
+    pub warmup_aggression: f64,
     /// Timeout of each attempt.
     pub per_try_timeout: Option<Duration>,
     /// Retry budget percent.
@@ -523,6 +527,8 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         timeout: None,
         retry_attempts: DEFAULT_RETRY_ATTEMPTS,
         warmup: None,
+        warmup_min_percent: 10.0,
+        warmup_aggression: 1.0,
         per_try_timeout: None,
         retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
         retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
@@ -770,7 +776,26 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             ));
         }
         resolved.warmup = Some(d);
-        warnings.push(format!("{LB}.warmup: accepted but not enforced yet"));
+        if let Some(w) = &lb.warmup {
+            if let Some(p) = w.minimum_percent {
+                if !(0.0..=100.0).contains(&p) {
+                    return Err(FieldError::new(
+                        format!("{LB}.warmup.minimumPercent"),
+                        format!("{p} is not between 0 and 100"),
+                    ));
+                }
+                resolved.warmup_min_percent = p;
+            }
+            if let Some(a) = w.aggression {
+                if !(a.is_finite() && a > 0.0 && a <= 100.0) {
+                    return Err(FieldError::new(
+                        format!("{LB}.warmup.aggression"),
+                        format!("{a} must be above 0 and at most 100"),
+                    ));
+                }
+                resolved.warmup_aggression = a;
+            }
+        }
     }
     for (i, w) in lb.endpoint_weights.iter().enumerate() {
         let field = format!("{LB}.endpointWeights[{i}]");
