@@ -85,6 +85,10 @@ pub struct Args {
     /// Service (`SERVICE.NAMESPACE`) for requests whose host matches nothing.
     #[arg(long, env = "MINIMESH_DEFAULT_ROUTE")]
     pub default_route: Option<String>,
+    /// For source-IP hashing, take the caller from the first X-Forwarded-For
+    /// hop (only behind a load balancer that sets it: clients can forge it).
+    #[arg(long, env = "MINIMESH_TRUST_FORWARDED_FOR")]
+    pub trust_forwarded_for: bool,
     /// Upstream TCP connect timeout.
     #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub connect_timeout: Duration,
@@ -159,6 +163,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         routing: routing.clone(),
         client: client.clone(),
         ready: ready.clone(),
+        trust_forwarded_for: args.trust_forwarded_for,
     });
     let name = if args.mode == "gateway" {
         "gateway"
@@ -204,6 +209,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             routing: Arc::new(ArcSwap::from_pointee(table)),
             client,
             ready: Arc::new(AtomicBool::new(true)),
+            trust_forwarded_for: false,
         });
         servers.push(tokio::spawn(proxy::serve(
             "inbound",

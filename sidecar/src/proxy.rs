@@ -68,6 +68,9 @@ pub struct Proxy {
     pub client: UpstreamClient,
     /// False until the first complete config arrived.
     pub ready: Arc<AtomicBool>,
+    /// Take the caller's address for source-IP hashing from the first
+    /// `X-Forwarded-For` hop (a gateway behind a trusted load balancer).
+    pub trust_forwarded_for: bool,
 }
 
 impl Proxy {
@@ -104,7 +107,7 @@ impl Proxy {
         };
         let cluster = cluster.clone();
         let (hash, set_cookie) = match &cluster.hash {
-            Some(policy) => hash_key(policy, &req, peer),
+            Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
         let fut = forward(&self.client, &cluster, req, authority, hash);
@@ -129,8 +132,22 @@ fn hash_key(
     policy: &HashPolicy,
     req: &Request<Incoming>,
     peer: SocketAddr,
+    trust_forwarded_for: bool,
 ) -> (Option<u64>, Option<HeaderValue>) {
     match policy {
+        HashPolicy::SourceIp if trust_forwarded_for => {
+            let hop = req
+                .headers()
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .map(str::trim)
+                .filter(|h| !h.is_empty());
+            match hop {
+                Some(h) => (Some(xxh64(h.as_bytes(), 0)), None),
+                None => (Some(xxh64(peer.ip().to_string().as_bytes(), 0)), None),
+            }
+        }
         HashPolicy::Header(name) => (
             req.headers().get(name).map(|v| xxh64(v.as_bytes(), 0)),
             None,

@@ -162,3 +162,74 @@ async fn peak_ewma_starves_the_slow_replica_without_snowballing() {
         assert!(s < 0.70, "fast replica {h} served {s}: {:?}", c.by_endpoint);
     }
 }
+
+async fn get_from(src: std::net::Ipv4Addr, addr: SocketAddr, headers: &[(&str, &str)]) -> String {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind(SocketAddr::from((src, 0))).expect("bind source");
+    let stream = sock.connect(addr).await.expect("connect");
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut b = Request::get("/").header(header::HOST, "backend");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = s
+        .send_request(b.body(Empty::<Bytes>::new()).expect("req"))
+        .await
+        .expect("resp");
+    assert_eq!(resp.status(), 200);
+    resp.headers()
+        .get("x-minimesh-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ip_hashing_is_sticky_per_client_and_can_trust_x_forwarded_for() {
+    let net = Net::new(64);
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule(
+        "rule.yaml",
+        "backend",
+        "consistentHash:\n  useSourceIp: true",
+    );
+    let _cp = net.control_plane().await;
+    let _plain = net.sidecar(100, &[]).await;
+    let _gw = net.sidecar(101, &["--trust-forwarded-for"]).await;
+    let mut used = BTreeSet::new();
+    for client in 10..40u8 {
+        let src = net.ip(client);
+        let first = get_from(src, net.addr(100, 15001), &[]).await;
+        for _ in 0..4 {
+            assert_eq!(
+                get_from(src, net.addr(100, 15001), &[]).await,
+                first,
+                "client {src} moved"
+            );
+        }
+        used.insert(first);
+        // Behind a trusting gateway the forwarded client decides, not the socket.
+        let xff = format!("203.0.113.{client}, 10.0.0.1");
+        let via = get_from(
+            net.ip(200),
+            net.addr(101, 15001),
+            &[("x-forwarded-for", &xff)],
+        )
+        .await;
+        for other in [net.ip(201), net.ip(202)] {
+            assert_eq!(
+                get_from(other, net.addr(101, 15001), &[("x-forwarded-for", &xff)]).await,
+                via
+            );
+        }
+    }
+    assert_eq!(
+        used.len(),
+        3,
+        "30 clients should reach all three endpoints: {used:?}"
+    );
+}
