@@ -1,8 +1,5 @@
 //! Config changes under load, and bad config.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,15 +17,7 @@ async fn new_rule_under_load_takes_effect_within_a_second_without_failures() {
     net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let loader = tokio::spawn(load_until(
-        net.addr(100, 15001),
-        "backend",
-        20,
-        stop.clone(),
-        seen,
-    ));
+    let loader = Background::start(net.addr(100, 15001), "backend", 20);
     tokio::time::sleep(Duration::from_millis(500)).await;
     for (i, policy) in ["RANDOM", "LEAST_REQUEST", "ROUND_ROBIN"]
         .iter()
@@ -45,15 +34,9 @@ async fn new_rule_under_load_takes_effect_within_a_second_without_failures() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let c = loader.await.expect("load");
+    let c = loader.finish().await;
     assert!(c.ok > 500, "too little load: {}", c.ok);
-    assert!(
-        c.failed.is_empty(),
-        "{} failed: {:?}",
-        c.failed.len(),
-        &c.failed[..c.failed.len().min(5)]
-    );
+    assert_no_failures(&c, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,22 +49,14 @@ async fn endpoints_added_and_removed_under_load_without_failures() {
     net.service("backend", &[1, 2]);
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let loader = tokio::spawn(load_until(
-        net.addr(100, 15001),
-        "backend",
-        20,
-        stop.clone(),
-        seen.clone(),
-    ));
+    let loader = Background::start(net.addr(100, 15001), "backend", 20);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let added = Instant::now();
     net.service("backend", &[1, 2, 3]);
     let new_ep = net.addr(3, 9090).to_string();
     loop {
-        if let Some(t) = seen.lock().expect("lock").get(&new_ep) {
+        if let Some(t) = loader.first_seen.lock().expect("lock").get(&new_ep) {
             let took = t.duration_since(added);
             assert!(
                 took < Duration::from_secs(1),
@@ -102,14 +77,8 @@ async fn endpoints_added_and_removed_under_load_without_failures() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let c = loader.await.expect("load");
-    assert!(
-        c.failed.is_empty(),
-        "{} failed: {:?}",
-        c.failed.len(),
-        &c.failed[..c.failed.len().min(5)]
-    );
+    let c = loader.finish().await;
+    assert_no_failures(&c, "");
     assert!(c.by_endpoint.contains_key(&new_ep));
 }
 

@@ -491,3 +491,41 @@ pub fn endpoints_of(v: &serde_json::Value, service: &str) -> Vec<String> {
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// Load from `clients` connections in the background until [`Background::finish`].
+pub struct Background {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// When each endpoint first answered.
+    pub first_seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
+    task: tokio::task::JoinHandle<Counts>,
+}
+
+impl Background {
+    pub fn start(proxy: SocketAddr, host: &str, clients: usize) -> Background {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let first_seen = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let (host, s, f) = (host.to_string(), stop.clone(), first_seen.clone());
+        let task = tokio::spawn(async move { load_until(proxy, &host, clients, s, f).await });
+        Background {
+            stop,
+            first_seen,
+            task,
+        }
+    }
+
+    pub async fn finish(self) -> Counts {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("load task")
+    }
+}
+
+/// Fails with the first few failures when there were any.
+pub fn assert_no_failures(c: &Counts, what: &str) {
+    assert!(
+        c.failed.is_empty(),
+        "{what}{} of {} failed: {:?}",
+        c.failed.len(),
+        c.failed.len() as u64 + c.ok,
+        &c.failed[..c.failed.len().min(5)]
+    );
+}

@@ -1,9 +1,6 @@
 //! Losing the control plane.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::harness::*;
@@ -20,22 +17,8 @@ async fn control_plane_killed_under_load_loses_nothing_and_sidecars_resync() {
     let mut cp = net.control_plane().await;
     let _s1 = net.sidecar(100, &[]).await;
     let _s2 = net.sidecar(101, &[]).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let l1 = tokio::spawn(load_until(
-        net.addr(100, 15001),
-        "backend",
-        10,
-        stop.clone(),
-        seen.clone(),
-    ));
-    let l2 = tokio::spawn(load_until(
-        net.addr(101, 15001),
-        "backend",
-        10,
-        stop.clone(),
-        seen,
-    ));
+    let l1 = Background::start(net.addr(100, 15001), "backend", 10);
+    let l2 = Background::start(net.addr(101, 15001), "backend", 10);
     tokio::time::sleep(Duration::from_millis(500)).await;
     cp.kill();
     // While it is down, the config changes.
@@ -56,16 +39,10 @@ async fn control_plane_killed_under_load_loses_nothing_and_sidecars_resync() {
         .await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
     for l in [l1, l2] {
-        let c = l.await.expect("load");
+        let c = l.finish().await;
         assert!(c.ok > 100, "too little load: {}", c.ok);
-        assert!(
-            c.failed.is_empty(),
-            "{} failed: {:?}",
-            c.failed.len(),
-            &c.failed[..c.failed.len().min(5)]
-        );
+        assert_no_failures(&c, "");
     }
     let ps = get_json(net.cp_admin(), "/debug/proxies").await;
     assert_eq!(ps.as_array().map(Vec::len), Some(2), "{ps:#}");
@@ -93,20 +70,11 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
             policy_of(v, "backend") == policy
         })
         .await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(BTreeMap::new()));
-        let loader = tokio::spawn(load_until(
-            net.addr(100, 15001),
-            "backend",
-            20,
-            stop.clone(),
-            seen,
-        ));
+        let loader = Background::start(net.addr(100, 15001), "backend", 20);
         tokio::time::sleep(Duration::from_millis(700)).await;
         victim.kill(); // SIGKILL, with requests in flight on it
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        stop.store(true, Ordering::Relaxed);
-        let c = loader.await.expect("load");
+        let c = loader.finish().await;
         let killed = *c
             .by_endpoint
             .get(&net.addr(3, 9090).to_string())
@@ -116,12 +84,7 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
             "{policy}: the victim served only {killed} before dying"
         );
         assert!(c.ok > 300, "{policy}: too little load: {}", c.ok);
-        assert!(
-            c.failed.is_empty(),
-            "{policy}: {} failed: {:?}",
-            c.failed.len(),
-            &c.failed[..c.failed.len().min(5)]
-        );
+        assert_no_failures(&c, &format!("{policy}: "));
     }
 }
 
@@ -139,28 +102,14 @@ async fn hung_backend_with_per_try_timeout_loses_nothing_and_bounds_latency() {
     );
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let loader = tokio::spawn(load_until(
-        net.addr(100, 15001),
-        "backend",
-        20,
-        stop.clone(),
-        seen,
-    ));
+    let loader = Background::start(net.addr(100, 15001), "backend", 20);
     tokio::time::sleep(Duration::from_millis(500)).await;
     hung.signal("STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
     hung.signal("CONT");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    let c = loader.await.expect("load");
-    assert!(
-        c.failed.is_empty(),
-        "{} failed: {:?}",
-        c.failed.len(),
-        &c.failed[..c.failed.len().min(5)]
-    );
+    let c = loader.finish().await;
+    assert_no_failures(&c, "");
     assert!(c.ok > 1000, "throughput collapsed: {} requests", c.ok);
     let p999 = c.quantile(0.999);
     assert!(p999 < Duration::from_millis(1500), "p99.9 {p999:?}");
@@ -306,12 +255,7 @@ async fn retry_on_5xx_hides_a_failing_replica() {
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
     let c = load(net.addr(100, 15001), "backend", 4, 400).await;
-    assert!(
-        c.failed.is_empty(),
-        "{} failed: {:?}",
-        c.failed.len(),
-        &c.failed[..c.failed.len().min(3)]
-    );
+    assert_no_failures(&c, "");
     let v = get_json(net.addr(100, 15000), "/debug/config").await;
     let retries = v["clusters"]["backend.default.svc.cluster.local:80"]["retries"]
         .as_u64()
