@@ -40,6 +40,8 @@ pub struct ConfigView {
 
 /// Shared state of the admin server.
 pub struct Admin {
+    /// Aggregated load reports.
+    pub load: Arc<crate::load::Aggregator>,
     /// Metrics registry.
     pub metrics: Registry,
     /// Connected proxies.
@@ -110,6 +112,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             resp
         }
         "/debug/proxies" => json_response(&json!(admin.proxies.list())),
+        "/debug/load" => json_response(&admin.load.view()),
         "/debug/config" => {
             let c = admin.config();
             let errors: Vec<Value> = c
@@ -131,7 +134,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints /debug/versions\n".into(),
+            "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints /debug/versions /debug/load\n".into(),
         ),
     }
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod discovery;
+pub mod load;
 pub mod metrics;
 pub mod source;
 pub mod store;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use minimesh_proto::v1::load_reporting_service_server::LoadReportingServiceServer;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -66,6 +68,12 @@ pub struct Args {
     /// How often the config directory is checked for changes.
     #[arg(long, env = "MINIMESH_POLL_INTERVAL", default_value = "50ms", value_parser = duration)]
     pub poll_interval: Duration,
+    /// How often sidecars report load (served on the discovery address).
+    #[arg(long, env = "MINIMESH_LOAD_REPORT_INTERVAL", default_value = "10s", value_parser = duration)]
+    pub load_report_interval: Duration,
+    /// Sliding window of the aggregated load view.
+    #[arg(long, env = "MINIMESH_LOAD_WINDOW", default_value = "10s", value_parser = duration)]
+    pub load_window: Duration,
 }
 
 /// Parses a flag duration (`100ms`, `1s`, `2m`).
@@ -79,7 +87,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new(&mut registry));
     let cache = Arc::new(Cache::default());
     let proxies = Arc::new(discovery::registry::Registry::default());
+    let aggregator = Arc::new(load::Aggregator::new(args.load_window));
     let admin = Arc::new(Admin {
+        load: aggregator.clone(),
         metrics: registry,
         proxies: proxies.clone(),
         snapshots: cache.subscribe(),
@@ -122,6 +132,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .add_service(AggregatedDiscoveryServiceServer::new(discovery))
+        .add_service(LoadReportingServiceServer::new(load::LoadReports {
+            aggregator,
+            interval: args.load_report_interval,
+        }))
         .serve_with_incoming_shutdown(incoming, shutdown_signal())
         .await
         .context("discovery server")?;

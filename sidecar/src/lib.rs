@@ -220,6 +220,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )));
     }
 
+    let reporter = xds::load_report::LoadReporter {
+        address: args.xds_addr.clone(),
+        node: node.clone(),
+        routing: routing.clone(),
+    };
+    let reporter_task = tokio::spawn(reporter.run());
     let xds = xds::client::XdsClient {
         address: args.xds_addr.clone(),
         node,
@@ -241,6 +247,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = s.await;
     }
     xds_task.abort();
+    reporter_task.abort();
     info!("sidecar stopped");
     Ok(())
 }

@@ -2,3 +2,4 @@
 //! control plane, ACK/NACK per type, reconnect with jittered backoff.
 
 pub mod client;
+pub mod load_report;

@@ -134,19 +134,21 @@ impl Net {
 
     /// Starts the control plane and waits until it serves.
     pub async fn control_plane(&self) -> Proc {
-        let p = self.spawn(
-            "control-plane",
-            "control-plane",
-            &[
-                "--config-dir".into(),
-                self.config().display().to_string(),
-                "--xds-addr".into(),
-                self.cp_xds().to_string(),
-                "--admin-addr".into(),
-                self.cp_admin().to_string(),
-            ],
-            &[],
-        );
+        self.control_plane_with(&[]).await
+    }
+
+    /// The same, with extra flags.
+    pub async fn control_plane_with(&self, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "--config-dir".to_string(),
+            self.config().display().to_string(),
+            "--xds-addr".into(),
+            self.cp_xds().to_string(),
+            "--admin-addr".into(),
+            self.cp_admin().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = self.spawn("control-plane", "control-plane", &args, &[]);
         wait_http(self.cp_admin(), "/readyz").await;
         p
     }

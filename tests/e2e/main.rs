@@ -5,6 +5,7 @@ mod balancing;
 mod config;
 mod harness;
 mod hashing;
+mod load_reports;
 mod local_mesh;
 mod protocol;
 mod resilience;

@@ -1,0 +1,154 @@
+//! The load-report client: every interval the control plane asks for, the
+//! counts of each endpoint since the previous report (issued, succeeded,
+//! failed, in progress, latency histogram). Each report is sent once, with a
+//! sequence number that keeps increasing across reconnects and restarts, so
+//! the control plane never counts one twice; losing the control plane loses
+//! at most one interval of counts and never affects requests.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
+use minimesh_proto::v1::{ClusterStats, EndpointStats, LoadStatsRequest, Node};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, info};
+
+use crate::balance::rng;
+use crate::routing::Routing;
+
+/// Sends load reports to the control plane.
+pub struct LoadReporter {
+    /// `http://host:port` of the control plane.
+    pub address: String,
+    /// This proxy.
+    pub node: Node,
+    /// Where the endpoints and their counters are.
+    pub routing: Arc<ArcSwap<Routing>>,
+}
+
+#[derive(Default, Clone)]
+struct Last {
+    issued: u64,
+    succeeded: u64,
+    failed: u64,
+    latency_us: u64,
+    hist: Vec<u64>,
+}
+
+impl LoadReporter {
+    /// Runs forever, reconnecting with jittered backoff.
+    pub async fn run(self) {
+        let mut last: HashMap<(String, String), Last> = HashMap::new();
+        // Milliseconds since the epoch at start, times 1000: later than any
+        // sequence an earlier run of this sidecar sent.
+        let mut sequence = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis() as u64)
+            * 1000;
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match self.session(&mut last, &mut sequence).await {
+                Ok(()) => backoff = Duration::from_millis(500),
+                Err(e) => debug!(error = %e, "load-report stream failed"),
+            }
+            let half = backoff.as_millis() as u64 / 2;
+            tokio::time::sleep(Duration::from_millis(half + rng::next() % (half + 1))).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+
+    async fn session(
+        &self,
+        last: &mut HashMap<(String, String), Last>,
+        sequence: &mut u64,
+    ) -> anyhow::Result<()> {
+        let channel = tonic::transport::Endpoint::from_shared(self.address.clone())?
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await?;
+        let mut client = LoadReportingServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(LoadStatsRequest {
+            node: Some(self.node.clone()),
+            cluster_stats: vec![],
+        })
+        .await?;
+        let mut inbound = client
+            .stream_load_stats(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let Some(first) = inbound.message().await? else {
+            return Ok(());
+        };
+        let mut interval =
+            Duration::from_millis(first.load_reporting_interval_ms.clamp(100, 600_000));
+        info!(?interval, "reporting load");
+        // Counts since before this session belong to no interval: start afresh.
+        collect(&self.routing.load(), last, sequence, interval);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {
+                    let stats = collect(&self.routing.load(), last, sequence, interval);
+                    tx.send(LoadStatsRequest { node: None, cluster_stats: stats }).await?;
+                }
+                msg = inbound.message() => match msg? {
+                    Some(m) => interval = Duration::from_millis(m.load_reporting_interval_ms.clamp(100, 600_000)),
+                    None => return Ok(()),
+                },
+            }
+        }
+    }
+}
+
+fn collect(
+    routing: &Routing,
+    last: &mut HashMap<(String, String), Last>,
+    sequence: &mut u64,
+    interval: Duration,
+) -> Vec<ClusterStats> {
+    let mut out = Vec::new();
+    for (name, c) in &routing.clusters {
+        let mut eps = Vec::new();
+        for e in c.balancer.endpoints() {
+            let k = &e.counters;
+            let now = Last {
+                issued: k.issued.load(Ordering::Relaxed),
+                succeeded: k.succeeded.load(Ordering::Relaxed),
+                failed: k.failed.load(Ordering::Relaxed),
+                latency_us: k.latency_us_sum.load(Ordering::Relaxed),
+                hist: k.latency_ms.counts(),
+            };
+            let prev = last
+                .insert((name.clone(), e.addr.to_string()), now.clone())
+                .unwrap_or_default();
+            *sequence += 1;
+            eps.push(EndpointStats {
+                address: e.addr.to_string(),
+                requests_issued: now.issued.saturating_sub(prev.issued),
+                requests_succeeded: now.succeeded.saturating_sub(prev.succeeded),
+                requests_failed: now.failed.saturating_sub(prev.failed),
+                requests_in_progress: u64::from(e.active.load(Ordering::Relaxed)),
+                latency_sum_ms: now.latency_us.saturating_sub(prev.latency_us) as f64 / 1000.0,
+                latency_count: now.succeeded.saturating_sub(prev.succeeded)
+                    + now.failed.saturating_sub(prev.failed),
+                latency_histogram: now
+                    .hist
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| n.saturating_sub(prev.hist.get(i).copied().unwrap_or(0)))
+                    .collect(),
+                sequence: *sequence,
+            });
+        }
+        out.push(ClusterStats {
+            cluster_name: name.clone(),
+            endpoint_stats: eps,
+            load_report_interval_ms: interval.as_millis() as u64,
+        });
+    }
+    out
+}
