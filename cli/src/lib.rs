@@ -8,6 +8,7 @@ pub mod get;
 pub mod http;
 pub mod load;
 pub mod mesh;
+pub mod top;
 pub mod topology;
 
 use std::future::Future;
@@ -98,6 +99,8 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     /// Show rules, endpoints or proxies of the running mesh.
     Get(get::GetArgs),
+    /// Live load per service and endpoint, as every sidecar reports it.
+    Top(top::TopArgs),
     /// Bring the demo mesh up, try each example policy under load, print the results, stop.
     Demo(demo::DemoArgs),
 }
@@ -105,7 +108,10 @@ pub enum Command {
 /// Entry point of the `minimesh` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Apply(_) | Command::Get(_)) {
+    if !matches!(
+        cli.command,
+        Command::Apply(_) | Command::Get(_) | Command::Top(_)
+    ) {
         init_tracing_quiet();
     }
     let home = cli.home;
@@ -114,6 +120,7 @@ pub fn main() -> ExitCode {
         Command::Apply(a) => block_on("minimesh apply", apply::run(home, a)),
         Command::Get(a) => block_on("minimesh get", get::run(home, a)),
         Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
+        Command::Top(a) => block_on("minimesh top", top::run(home, a)),
     }
 }
 

@@ -224,7 +224,9 @@ impl Mesh {
                 .arg(&s.config_dir)
                 .args(["--default-namespace", &ns])
                 .args(["--xds-addr", &s.control_plane_xds.to_string()])
-                .args(["--admin-addr", &s.control_plane_admin.to_string()]),
+                .args(["--admin-addr", &s.control_plane_admin.to_string()])
+                // Reports every second, so that `minimesh top` is live.
+                .args(["--load-report-interval", "1s"]),
         )?;
         wait_http(
             &s.control_plane_admin.to_string(),

@@ -133,6 +133,26 @@ async fn seed_walkthrough_up_curl_apply_get() {
         assert_eq!(status, 200);
     }
 
+    // `minimesh top` shows every simple-backend replica as the sidecars report them.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let out = Command::new(bin("minimesh"))
+        .args(["--home", &home, "top", "--once"])
+        .output()
+        .expect("top");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("CLUSTER"), "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("simple-backend.istioinaction.svc.cluster.local:80"))
+        .collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert!(rows.iter().all(|r| r.contains("100.00%")), "{text}");
+
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");
     let status = tokio::task::spawn_blocking(move || {

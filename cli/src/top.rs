@@ -1,0 +1,81 @@
+//! `minimesh top`: the control plane's aggregated load view, per service and
+//! endpoint, refreshed every second (like `linkerd viz top`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::http::get_json;
+use crate::mesh::MeshState;
+
+/// `minimesh top` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopArgs {
+    /// Print one table and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Refresh interval.
+    #[arg(long, default_value = "1s", value_parser = minimesh_control_plane::duration)]
+    pub interval: Duration,
+}
+
+/// Renders the view as a table.
+pub fn render(view: &serde_json::Value, endpoints: &serde_json::Value) -> String {
+    let mut out = format!(
+        "{:<44} {:<22} {:>7} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>7}\n",
+        "CLUSTER",
+        "ENDPOINT",
+        "SHARE",
+        "RPS",
+        "SUCCESS",
+        "P50",
+        "P95",
+        "P99",
+        "IN-FLIGHT",
+        "WEIGHT"
+    );
+    let ms = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |n| format!("{n}ms"));
+    for (cluster, eps) in view["clusters"].as_object().into_iter().flatten() {
+        for (ep, s) in eps.as_object().into_iter().flatten() {
+            let weight = endpoints[cluster]["endpoints"]
+                .as_array()
+                .and_then(|a| a.iter().find(|e| e["address"] == ep.as_str()))
+                .map_or("-".to_string(), |e| e["weight"].to_string());
+            out.push_str(&format!(
+                "{cluster:<44} {ep:<22} {:>6.1}% {:>8.1} {:>8.2}% {:>7} {:>7} {:>7} {:>9} {:>7}\n",
+                s["share"].as_f64().unwrap_or(0.0) * 100.0,
+                s["rps"].as_f64().unwrap_or(0.0),
+                s["success_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+                ms(&s["p50_ms"]),
+                ms(&s["p95_ms"]),
+                ms(&s["p99_ms"]),
+                s["in_flight"],
+                weight
+            ));
+        }
+    }
+    out
+}
+
+/// `minimesh top`.
+pub async fn run(home: PathBuf, args: TopArgs) -> anyhow::Result<()> {
+    let state = MeshState::load(&home)?;
+    let admin = state.control_plane_admin.to_string();
+    loop {
+        let view = get_json(&admin, "/debug/load").await?;
+        let endpoints = get_json(&admin, "/debug/endpoints").await?;
+        let table = render(&view, &endpoints);
+        if args.once {
+            print!("{table}");
+            return Ok(());
+        }
+        // Clear the screen and home the cursor, as top does.
+        print!(
+            "\x1b[2J\x1b[H{} over the last {}s\n\n{table}",
+            state.name, view["window_seconds"]
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = minimesh_control_plane::shutdown_signal() => return Ok(()),
+        }
+    }
+}
