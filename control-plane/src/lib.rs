@@ -11,11 +11,13 @@ pub mod cache;
 pub mod config;
 pub mod discovery;
 pub mod load;
+pub mod load_aware;
 pub mod metrics;
 pub mod source;
 pub mod store;
 pub mod translate;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -104,18 +106,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     source.scan();
     let initial = source.store();
-    publish(&initial, &cache, &admin, &metrics);
+    let la = Arc::new(LoadAwareState {
+        default_interval_ms: args.load_report_interval.as_millis() as u64,
+        ..Default::default()
+    });
+    publish(&initial, &cache, &admin, &metrics, &la);
 
     let (store_tx, store_rx) = watch::channel(initial);
+    let (weights_tx, weights_rx) = watch::channel(0u64);
     tokio::spawn(source.run(args.poll_interval, store_tx));
     tokio::spawn(debounce(
         store_rx,
+        weights_rx,
         args.debounce,
         args.debounce_max,
         cache.clone(),
         admin.clone(),
         metrics.clone(),
+        la.clone(),
     ));
+    tokio::spawn(load_aware_loop(aggregator.clone(), la.clone(), weights_tx));
 
     let admin_listener = admin::bind(args.admin_addr)
         .await
@@ -134,7 +144,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .add_service(AggregatedDiscoveryServiceServer::new(discovery))
         .add_service(LoadReportingServiceServer::new(load::LoadReports {
             aggregator,
-            interval: args.load_report_interval,
+            la: la.clone(),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown_signal())
         .await
@@ -167,17 +177,61 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Every second, recomputes LOAD_AWARE weights and asks for a publication
+/// when any changed.
+async fn load_aware_loop(
+    agg: Arc<load::Aggregator>,
+    la: Arc<LoadAwareState>,
+    tx: watch::Sender<u64>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let clusters = la
+            .clusters
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut changed = false;
+        {
+            let mut weights = la.weights.write().unwrap_or_else(|e| e.into_inner());
+            weights.retain(|c, _| clusters.contains_key(c));
+            for (cluster, eps) in &clusters {
+                let next = load_aware::next_weights(&agg, cluster, eps, weights.get(cluster));
+                if weights.get(cluster) != Some(&next) {
+                    info!(cluster, weights = ?next, "LOAD_AWARE weights");
+                    weights.insert(cluster.clone(), next);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            tx.send_modify(|v| *v += 1);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn debounce(
     mut rx: watch::Receiver<Store>,
+    mut weights_rx: watch::Receiver<u64>,
     quiet: Duration,
     max: Duration,
     cache: Arc<Cache>,
     admin: Arc<Admin>,
     metrics: Arc<Metrics>,
+    la: Arc<LoadAwareState>,
 ) {
     loop {
-        if rx.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            changed = weights_rx.changed() => {
+                if changed.is_err() { return }
+                // New weights: publish now; they are already rate-limited.
+                let store = rx.borrow().clone();
+                publish(&store, &cache, &admin, &metrics, &la);
+                continue;
+            }
         }
         let first = Instant::now();
         let mut last = first;
@@ -190,15 +244,51 @@ async fn debounce(
             }
         }
         let store = rx.borrow_and_update().clone();
-        publish(&store, &cache, &admin, &metrics);
+        publish(&store, &cache, &admin, &metrics, &la);
         metrics
             .debounce_seconds
             .observe(first.elapsed().as_secs_f64());
     }
 }
 
-fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics) {
-    let (resources, status) = translate::translate(store);
+/// What the LOAD_AWARE loop needs from each publication.
+#[derive(Default)]
+pub struct LoadAwareState {
+    /// Weights in force.
+    pub weights: load_aware::Weights,
+    /// LOAD_AWARE clusters and their endpoint addresses.
+    pub clusters: RwLock<BTreeMap<String, Vec<String>>>,
+    /// Load-report interval sidecars are asked for, ms.
+    pub report_interval_ms: std::sync::atomic::AtomicU64,
+    /// The flag value.
+    pub default_interval_ms: u64,
+}
+
+fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &LoadAwareState) {
+    let weights = la.weights.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let (resources, status) = translate::translate(store, &weights);
+    let aware: BTreeMap<String, Vec<String>> = resources
+        .clusters
+        .iter()
+        .filter(|(_, c)| c.policy == minimesh_proto::v1::LbPolicy::LoadAware as i32)
+        .map(|(name, _)| {
+            let eps = resources
+                .endpoints
+                .get(name)
+                .map(|c| c.endpoints.iter().map(|e| e.address.clone()).collect())
+                .unwrap_or_default();
+            (name.clone(), eps)
+        })
+        .collect();
+    // LOAD_AWARE wants fresh reports: one a second.
+    let interval = if aware.is_empty() {
+        la.default_interval_ms
+    } else {
+        la.default_interval_ms.min(1000)
+    };
+    la.report_interval_ms
+        .store(interval, std::sync::atomic::Ordering::Relaxed);
+    *la.clusters.write().unwrap_or_else(|e| e.into_inner()) = aware;
     let changed = cache.update(&resources);
     if changed {
         metrics.config_updates.inc();

@@ -33,6 +33,8 @@ struct Sample {
     failed: u64,
     in_progress: u64,
     latency: Vec<u64>,
+    latency_sum_ms: f64,
+    latency_count: u64,
 }
 
 /// The aggregate view.
@@ -100,9 +102,43 @@ impl Aggregator {
                         failed: e.requests_failed,
                         in_progress: e.requests_in_progress,
                         latency: e.latency_histogram.clone(),
+                        latency_sum_ms: e.latency_sum_ms,
+                        latency_count: e.latency_count.min(MAX_COUNT),
                     });
             }
         }
+    }
+
+    /// Per endpoint of `cluster` over the window: (requests, success ratio,
+    /// mean latency in ms) — the inputs of LOAD_AWARE weights.
+    pub fn endpoint_stats(&self, cluster: &str) -> BTreeMap<String, (u64, f64, f64)> {
+        let now = Instant::now();
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = BTreeMap::new();
+        for ((c, ep), q) in samples.range((cluster.to_string(), String::new())..) {
+            if c != cluster {
+                break;
+            }
+            let live = q.iter().filter(|s| now.duration_since(s.at) <= self.window);
+            let (mut issued, mut ok, mut failed, mut sum, mut count) =
+                (0u64, 0u64, 0u64, 0f64, 0u64);
+            for s in live {
+                issued += s.issued;
+                ok += s.succeeded;
+                failed += s.failed;
+                sum += s.latency_sum_ms;
+                count += s.latency_count;
+            }
+            let done = ok + failed;
+            let success = if done > 0 {
+                ok as f64 / done as f64
+            } else {
+                1.0
+            };
+            let mean = if count > 0 { sum / count as f64 } else { 0.0 };
+            out.insert(ep.clone(), (issued, success, mean));
+        }
+        out
     }
 
     /// The view: per cluster, per endpoint.
@@ -185,8 +221,8 @@ fn quantile(hist: &[u64], q: f64) -> Value {
 pub struct LoadReports {
     /// Where reports go.
     pub aggregator: Arc<Aggregator>,
-    /// Interval the control plane asks for.
-    pub interval: Duration,
+    /// Holds the interval the control plane asks for.
+    pub la: Arc<crate::LoadAwareState>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -202,32 +238,43 @@ impl LoadReportingService for LoadReports {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(2);
         let aggregator = self.aggregator.clone();
-        let interval = self.interval;
+        let la = self.la.clone();
         tokio::spawn(async move {
             let mut node = String::new();
-            while let Ok(Some(req)) = inbound.message().await {
-                if let Some(n) = &req.node {
-                    if node.is_empty() {
-                        node = n.id.clone();
-                        let resp = LoadStatsResponse {
-                            clusters: vec![],
-                            send_all_clusters: true,
-                            load_reporting_interval_ms: interval.as_millis() as u64,
-                        };
-                        if tx.send(Ok(resp)).await.is_err() {
-                            return;
-                        }
+            let mut sent_interval = 0;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let interval = la
+                    .report_interval_ms
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if !node.is_empty() && interval != sent_interval {
+                    sent_interval = interval;
+                    let resp = LoadStatsResponse {
+                        clusters: vec![],
+                        send_all_clusters: true,
+                        load_reporting_interval_ms: interval,
+                    };
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
                     }
                 }
-                if node.is_empty() {
-                    let _ = tx
-                        .send(Err(Status::invalid_argument(
-                            "the first load report must name its node",
-                        )))
-                        .await;
-                    return;
+                tokio::select! {
+                    _ = tick.tick() => continue,
+                    msg = inbound.message() => {
+                        let Ok(Some(req)) = msg else { break };
+                        if node.is_empty() {
+                            match &req.node {
+                                Some(n) if !n.id.is_empty() => node = n.id.clone(),
+                                _ => {
+                                    let _ = tx.send(Err(Status::invalid_argument("the first load report must name its node"))).await;
+                                    return;
+                                }
+                            }
+                            continue; // the interval is sent at the top of the loop
+                        }
+                        aggregator.add(&node, &req);
+                    }
                 }
-                aggregator.add(&node, &req);
             }
             debug!(node, "load-report stream ended");
         });

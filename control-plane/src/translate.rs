@@ -61,7 +61,13 @@ pub fn resolve_host(host: &str, rule_namespace: &str) -> Option<(String, String)
 
 /// Translates the store. Rules for the same service conflict: the first in
 /// (namespace, name) order wins and the others are reported.
-pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) {
+///
+/// `load_weights` holds the LOAD_AWARE weights by cluster and endpoint
+/// address; endpoints without one get the mean weight.
+pub fn translate(
+    store: &Store,
+    load_weights: &BTreeMap<String, BTreeMap<String, u32>>,
+) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) {
     let mut status = BTreeMap::new();
     let mut rule_for: BTreeMap<(String, String), (&ObjectKey, &ValidRule)> = BTreeMap::new();
     let services: BTreeSet<(String, String)> = store
@@ -211,6 +217,16 @@ pub fn translate(store: &Store) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) 
                 &slices,
                 rule.map(|r| r.1),
             );
+            let mut endpoints = endpoints;
+            if cluster.policy == LbPolicy::LoadAware as i32 {
+                let weights = load_weights.get(&name);
+                for e in &mut endpoints {
+                    e.weight = weights
+                        .and_then(|w| w.get(&e.address))
+                        .copied()
+                        .unwrap_or(crate::load_aware::MEAN_WEIGHT as u32);
+                }
+            }
             out.endpoints.insert(
                 name.clone(),
                 ClusterLoadAssignment {

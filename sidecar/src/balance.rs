@@ -33,6 +33,9 @@ pub enum Policy {
     Maglev,
     /// Power of two choices on peak EWMA latency × (active + 1).
     PeakEwma,
+    /// Weighted power of two choices, with weights the control plane
+    /// computes from every sidecar's load reports.
+    LoadAware,
 }
 
 impl Policy {
@@ -45,11 +48,10 @@ impl Policy {
             Ok(LbPolicy::RingHash) => Ok(Policy::RingHash),
             Ok(LbPolicy::Maglev) => Ok(Policy::Maglev),
             Ok(LbPolicy::PeakEwma) => Ok(Policy::PeakEwma),
-            Ok(other) => Err(format!(
-                "policy {} is not supported by this sidecar",
-                other.as_str_name()
+            Ok(LbPolicy::LoadAware) => Ok(Policy::LoadAware),
+            Err(_) => Err(format!(
+                "unknown policy number {p} (a newer control plane?)"
             )),
-            Err(_) => Err(format!("unknown policy number {p}")),
         }
     }
 
@@ -62,6 +64,7 @@ impl Policy {
             Policy::RingHash => "RING_HASH",
             Policy::Maglev => "MAGLEV",
             Policy::PeakEwma => "PEAK_EWMA",
+            Policy::LoadAware => "LOAD_AWARE",
         }
     }
 }
@@ -109,7 +112,7 @@ impl Balancer {
         let picker = match policy {
             Policy::RoundRobin => Picker::RoundRobin(round_robin::RoundRobin::new(&weights)),
             Policy::Random => Picker::Random(random::Random::new(&weights)),
-            Policy::LeastRequest => {
+            Policy::LeastRequest | Policy::LoadAware => {
                 Picker::LeastRequest(least_request::LeastRequest::new(&weights))
             }
             Policy::RingHash | Policy::Maglev => {

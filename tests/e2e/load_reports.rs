@@ -122,3 +122,68 @@ async fn absurd_reports_are_dropped_and_logged() {
     assert_eq!(requests(&view, &ep), 7, "{view:#}");
     assert!(cp.log_text().contains("absurd load report dropped"));
 }
+
+fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
+    let eps = endpoints["backend.default.svc.cluster.local:80"]["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    (1..=3)
+        .map(|h| {
+            let a = net.addr(h, 9090).to_string();
+            eps.iter()
+                .find(|e| e["address"] == a.as_str())
+                .and_then(|e| e["weight"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_aware_converges_to_weights_ordered_by_capacity_without_failures() {
+    let net = Net::new(73);
+    let _b1 = net
+        .backend(
+            1,
+            &[("CONCURRENCY", "16"), ("TIMING_50_PERCENTILE", "20ms")],
+        )
+        .await;
+    let _b2 = net
+        .backend(2, &[("CONCURRENCY", "4"), ("TIMING_50_PERCENTILE", "40ms")])
+        .await;
+    let _b3 = net
+        .backend(3, &[("CONCURRENCY", "2"), ("TIMING_50_PERCENTILE", "60ms")])
+        .await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: LOAD_AWARE");
+    let _cp = net.control_plane().await;
+    let _s1 = net.sidecar(100, &[]).await;
+    let _s2 = net.sidecar(101, &[]).await;
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "LOAD_AWARE");
+    let l1 = Background::start(net.addr(100, 15001), "backend", 60);
+    let l2 = Background::start(net.addr(101, 15001), "backend", 60);
+    let start = tokio::time::Instant::now();
+    let mut ordered_at = None;
+    while start.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let w = weights(&get_json(net.cp_admin(), "/debug/endpoints").await, &net);
+        if w[0] > w[1] && w[1] > w[2] {
+            ordered_at.get_or_insert(start.elapsed());
+        } else {
+            ordered_at = None;
+        }
+    }
+    let (a, b) = (l1.finish().await, l2.finish().await);
+    assert_no_failures(&a, "sidecar 1: ");
+    assert_no_failures(&b, "sidecar 2: ");
+    let w = weights(&get_json(net.cp_admin(), "/debug/endpoints").await, &net);
+    let at = ordered_at.unwrap_or_else(|| panic!("weights never settled in capacity order: {w:?}"));
+    assert!(at < Duration::from_secs(15), "ordered after {at:?}");
+    // Every endpoint keeps a minimum share.
+    assert!(w[2] * 20 >= w[0], "{w:?}");
+    eprintln!(
+        "LOAD_AWARE weights {w:?}, ordered after {at:?}; {} + {} requests",
+        a.ok, b.ok
+    );
+}

@@ -7,5 +7,6 @@ mod harness;
 mod hashing;
 mod load_reports;
 mod local_mesh;
+mod nack;
 mod protocol;
 mod resilience;
