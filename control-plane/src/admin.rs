@@ -104,6 +104,12 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             if prometheus_client::encoding::text::encode(&mut out, &admin.metrics).is_err() {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n".into());
             }
+            // The aggregated load view, per endpoint, before the closing "# EOF".
+            if out.ends_with("# EOF\n") {
+                out.truncate(out.len() - "# EOF\n".len());
+            }
+            load_metrics(&mut out, &admin.load.view());
+            out.push_str("# EOF\n");
             let mut resp = text(StatusCode::OK, out);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -136,6 +142,57 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             StatusCode::NOT_FOUND,
             "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints /debug/versions /debug/load\n".into(),
         ),
+    }
+}
+
+fn load_metrics(out: &mut String, view: &Value) {
+    use std::fmt::Write;
+    let series = [
+        (
+            "minimesh_load_rps",
+            "rps",
+            "Requests per second to the endpoint, from every sidecar",
+        ),
+        (
+            "minimesh_load_success_ratio",
+            "success_ratio",
+            "Share of the endpoint's responses that succeeded",
+        ),
+        (
+            "minimesh_load_in_flight",
+            "in_flight",
+            "Requests in flight to the endpoint, all sidecars",
+        ),
+        (
+            "minimesh_load_share",
+            "share",
+            "The endpoint's share of its service's requests",
+        ),
+        (
+            "minimesh_load_latency_p50_ms",
+            "p50_ms",
+            "Median latency (bucket upper bound), ms",
+        ),
+        (
+            "minimesh_load_latency_p95_ms",
+            "p95_ms",
+            "95th percentile latency (bucket upper bound), ms",
+        ),
+        (
+            "minimesh_load_latency_p99_ms",
+            "p99_ms",
+            "99th percentile latency (bucket upper bound), ms",
+        ),
+    ];
+    for (name, field, help) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (cluster, eps) in view["clusters"].as_object().into_iter().flatten() {
+            for (ep, v) in eps.as_object().into_iter().flatten() {
+                if let Some(x) = v[field].as_f64() {
+                    let _ = writeln!(out, "{name}{{cluster=\"{cluster}\",endpoint=\"{ep}\"}} {x}");
+                }
+            }
+        }
     }
 }
 

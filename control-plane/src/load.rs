@@ -2,7 +2,7 @@
 //! aggregate view of every endpoint as all callers see it, over a sliding
 //! window.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,27 +24,47 @@ pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
 /// requests to one endpoint in an interval); such reports are dropped.
 const MAX_COUNT: u64 = 10_000_000;
 
-#[derive(Clone, Debug)]
-struct Sample {
-    at: Instant,
-    node: String,
+/// One second of one endpoint, summed over every reporting sidecar.
+#[derive(Clone, Debug, Default)]
+struct Second {
+    second: u64,
     issued: u64,
     succeeded: u64,
     failed: u64,
-    in_progress: u64,
-    latency: Vec<u64>,
+    latency: [u64; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
     latency_sum_ms: f64,
     latency_count: u64,
+}
+
+/// One endpoint: per-second sums over the window, and each reporter's last
+/// in-flight count. Memory is bounded by window seconds and reporters, not by
+/// the number of reports.
+#[derive(Debug, Default)]
+struct EndpointLoad {
+    seconds: VecDeque<Second>,
+    in_flight: BTreeMap<String, (u64, Instant)>,
 }
 
 /// The aggregate view.
 pub struct Aggregator {
     window: Duration,
-    samples: Mutex<BTreeMap<(String, String), VecDeque<Sample>>>,
+    start: Instant,
+    endpoints: Mutex<BTreeMap<(String, String), EndpointLoad>>,
     /// Last sequence seen per (node, cluster, endpoint): repeats are dropped.
-    seen: Mutex<BTreeMap<(String, String, String), u64>>,
+    seen: Mutex<HashMap<(String, String, String), u64>>,
     /// Reports rejected as absurd.
     pub rejected: std::sync::atomic::AtomicU64,
+}
+
+struct Totals {
+    issued: u64,
+    succeeded: u64,
+    failed: u64,
+    latency: [u64; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
+    latency_sum_ms: f64,
+    latency_count: u64,
+    in_flight: u64,
+    reporters: usize,
 }
 
 impl Aggregator {
@@ -52,25 +72,33 @@ impl Aggregator {
     pub fn new(window: Duration) -> Self {
         Aggregator {
             window,
-            samples: Mutex::new(BTreeMap::new()),
-            seen: Mutex::new(BTreeMap::new()),
+            start: Instant::now(),
+            endpoints: Mutex::new(BTreeMap::new()),
+            seen: Mutex::new(HashMap::new()),
             rejected: Default::default(),
         }
+    }
+
+    fn window_secs(&self) -> u64 {
+        self.window.as_secs().max(1)
     }
 
     /// Adds one report.
     pub fn add(&self, node: &str, req: &LoadStatsRequest) {
         let now = Instant::now();
-        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let second = now.duration_since(self.start).as_secs();
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         for c in &req.cluster_stats {
             for e in &c.endpoint_stats {
                 let sane = e.requests_issued <= MAX_COUNT
-                    && e.requests_succeeded <= e.requests_issued.max(MAX_COUNT)
+                    && e.requests_succeeded <= MAX_COUNT
                     && e.requests_failed <= MAX_COUNT
                     && e.requests_in_progress <= MAX_COUNT
+                    && e.latency_count <= MAX_COUNT
                     && e.latency_sum_ms.is_finite()
                     && e.latency_sum_ms >= 0.0
+                    && e.latency_sum_ms <= MAX_COUNT as f64 * 3_600_000.0
                     && e.latency_histogram.len() <= LATENCY_BUCKET_BOUNDS_MS.len() + 1
                     && e.latency_histogram.iter().all(|n| *n <= MAX_COUNT);
                 if !sane {
@@ -84,59 +112,104 @@ impl Aggregator {
                     );
                     continue;
                 }
-                let key = (node.to_string(), c.cluster_name.clone(), e.address.clone());
                 if e.sequence != 0 {
+                    let key = (node.to_string(), c.cluster_name.clone(), e.address.clone());
                     if seen.get(&key).is_some_and(|s| *s >= e.sequence) {
                         continue; // already counted
                     }
                     seen.insert(key, e.sequence);
                 }
-                samples
+                let ep = endpoints
                     .entry((c.cluster_name.clone(), e.address.clone()))
-                    .or_default()
-                    .push_back(Sample {
-                        at: now,
-                        node: node.to_string(),
-                        issued: e.requests_issued,
-                        succeeded: e.requests_succeeded,
-                        failed: e.requests_failed,
-                        in_progress: e.requests_in_progress,
-                        latency: e.latency_histogram.clone(),
-                        latency_sum_ms: e.latency_sum_ms,
-                        latency_count: e.latency_count.min(MAX_COUNT),
+                    .or_default();
+                if ep.seconds.back().is_none_or(|s| s.second != second) {
+                    ep.seconds.push_back(Second {
+                        second,
+                        ..Default::default()
                     });
+                    while ep.seconds.len() as u64 > self.window_secs() + 1 {
+                        ep.seconds.pop_front();
+                    }
+                }
+                if let Some(s) = ep.seconds.back_mut() {
+                    s.issued += e.requests_issued;
+                    s.succeeded += e.requests_succeeded;
+                    s.failed += e.requests_failed;
+                    s.latency_sum_ms += e.latency_sum_ms;
+                    s.latency_count += e.latency_count;
+                    for (i, n) in e.latency_histogram.iter().enumerate() {
+                        s.latency[i] += n;
+                    }
+                }
+                if let Some(v) = ep.in_flight.get_mut(node) {
+                    *v = (e.requests_in_progress, now);
+                } else {
+                    ep.in_flight
+                        .insert(node.to_string(), (e.requests_in_progress, now));
+                }
             }
         }
+    }
+
+    fn totals(&self, ep: &EndpointLoad, now: Instant) -> Totals {
+        let current = now.duration_since(self.start).as_secs();
+        let oldest = current.saturating_sub(self.window_secs());
+        let mut t = Totals {
+            issued: 0,
+            succeeded: 0,
+            failed: 0,
+            latency: [0; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
+            latency_sum_ms: 0.0,
+            latency_count: 0,
+            in_flight: 0,
+            reporters: 0,
+        };
+        for s in ep
+            .seconds
+            .iter()
+            .filter(|s| s.second > oldest || (s.second == oldest && oldest == 0))
+        {
+            t.issued += s.issued;
+            t.succeeded += s.succeeded;
+            t.failed += s.failed;
+            t.latency_sum_ms += s.latency_sum_ms;
+            t.latency_count += s.latency_count;
+            for (i, n) in s.latency.iter().enumerate() {
+                t.latency[i] += n;
+            }
+        }
+        for (n, at) in ep.in_flight.values() {
+            if now.duration_since(*at) <= self.window {
+                t.in_flight += n;
+                t.reporters += 1;
+            }
+        }
+        t
     }
 
     /// Per endpoint of `cluster` over the window: (requests, success ratio,
     /// mean latency in ms) — the inputs of LOAD_AWARE weights.
     pub fn endpoint_stats(&self, cluster: &str) -> BTreeMap<String, (u64, f64, f64)> {
         let now = Instant::now();
-        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = BTreeMap::new();
-        for ((c, ep), q) in samples.range((cluster.to_string(), String::new())..) {
+        for ((c, ep), load) in endpoints.range((cluster.to_string(), String::new())..) {
             if c != cluster {
                 break;
             }
-            let live = q.iter().filter(|s| now.duration_since(s.at) <= self.window);
-            let (mut issued, mut ok, mut failed, mut sum, mut count) =
-                (0u64, 0u64, 0u64, 0f64, 0u64);
-            for s in live {
-                issued += s.issued;
-                ok += s.succeeded;
-                failed += s.failed;
-                sum += s.latency_sum_ms;
-                count += s.latency_count;
-            }
-            let done = ok + failed;
+            let t = self.totals(load, now);
+            let done = t.succeeded + t.failed;
             let success = if done > 0 {
-                ok as f64 / done as f64
+                t.succeeded as f64 / done as f64
             } else {
                 1.0
             };
-            let mean = if count > 0 { sum / count as f64 } else { 0.0 };
-            out.insert(ep.clone(), (issued, success, mean));
+            let mean = if t.latency_count > 0 {
+                t.latency_sum_ms / t.latency_count as f64
+            } else {
+                0.0
+            };
+            out.insert(ep.clone(), (t.issued, success, mean));
         }
         out
     }
@@ -144,47 +217,31 @@ impl Aggregator {
     /// The view: per cluster, per endpoint.
     pub fn view(&self) -> Value {
         let now = Instant::now();
-        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let window = self.window.as_secs_f64();
+        // Forget endpoints nobody reported on within the window.
+        endpoints.retain(|_, ep| {
+            ep.in_flight
+                .values()
+                .any(|(_, at)| now.duration_since(*at) <= self.window)
+        });
         let mut out: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
         let mut totals: BTreeMap<String, u64> = BTreeMap::new();
-        samples.retain(|_, q| {
-            while q
-                .front()
-                .is_some_and(|s| now.duration_since(s.at) > self.window)
-            {
-                q.pop_front();
-            }
-            !q.is_empty()
-        });
-        for ((cluster, ep), q) in samples.iter() {
-            let issued: u64 = q.iter().map(|s| s.issued).sum();
-            let succeeded: u64 = q.iter().map(|s| s.succeeded).sum();
-            let failed: u64 = q.iter().map(|s| s.failed).sum();
-            // In flight: the latest report of each node.
-            let mut latest: BTreeMap<&str, u64> = BTreeMap::new();
-            for s in q {
-                latest.insert(&s.node, s.in_progress);
-            }
-            let mut hist = vec![0u64; LATENCY_BUCKET_BOUNDS_MS.len() + 1];
-            for s in q {
-                for (i, n) in s.latency.iter().enumerate() {
-                    hist[i] += n;
-                }
-            }
-            *totals.entry(cluster.clone()).or_default() += issued;
-            let done = succeeded + failed;
+        for ((cluster, ep), load) in endpoints.iter() {
+            let t = self.totals(load, now);
+            *totals.entry(cluster.clone()).or_default() += t.issued;
+            let done = t.succeeded + t.failed;
             out.entry(cluster.clone()).or_default().insert(
                 ep.clone(),
                 json!({
-                    "rps": issued as f64 / window,
-                    "requests": issued,
-                    "success_ratio": if done > 0 { succeeded as f64 / done as f64 } else { 1.0 },
-                    "in_flight": latest.values().sum::<u64>(),
-                    "p50_ms": quantile(&hist, 0.5),
-                    "p95_ms": quantile(&hist, 0.95),
-                    "p99_ms": quantile(&hist, 0.99),
-                    "reporters": latest.len(),
+                    "rps": t.issued as f64 / window,
+                    "requests": t.issued,
+                    "success_ratio": if done > 0 { t.succeeded as f64 / done as f64 } else { 1.0 },
+                    "in_flight": t.in_flight,
+                    "p50_ms": quantile(&t.latency, 0.5),
+                    "p95_ms": quantile(&t.latency, 0.95),
+                    "p99_ms": quantile(&t.latency, 0.99),
+                    "reporters": t.reporters,
                 }),
             );
         }

@@ -48,6 +48,12 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
         assert!(e["p95_ms"].as_u64().is_some_and(|p| p <= 250), "{e}");
     }
     assert!((total as f64 - 1500.0).abs() <= 75.0, "total {total}");
+    let (_, _, metrics) = get(net.cp_admin(), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    let line = format!("minimesh_load_success_ratio{{cluster=\"backend.default.svc.cluster.local:80\",endpoint=\"{}\"}} 1", net.addr(1, 9090));
+    assert!(metrics.contains(&line), "{metrics}");
+    assert!(metrics.ends_with("# EOF\n"));
 
     // Restart: the view rebuilds from new reports only; nothing is counted twice.
     cp.kill();
