@@ -187,7 +187,7 @@ async fn load_aware_converges_to_weights_ordered_by_capacity_without_failures() 
     let at = ordered_at.unwrap_or_else(|| panic!("weights never settled in capacity order: {w:?}"));
     assert!(at < Duration::from_secs(15), "ordered after {at:?}");
     // Every endpoint keeps a minimum share.
-    assert!(w[2] * 20 >= w[0], "{w:?}");
+    assert!(w[2] * 100 >= w[0], "{w:?}");
     eprintln!(
         "LOAD_AWARE weights {w:?}, ordered after {at:?}; {} + {} requests",
         a.ok, b.ok
