@@ -63,9 +63,22 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
     net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
-    for policy in ["ROUND_ROBIN", "RANDOM", "LEAST_REQUEST"] {
+    // The hash policies hash on a header these clients do not send, so their
+    // requests spread at random (the stated fallback) and reach the victim.
+    for (policy, lb) in [
+        ("ROUND_ROBIN", "simple: ROUND_ROBIN"),
+        ("RANDOM", "simple: RANDOM"),
+        ("LEAST_REQUEST", "simple: LEAST_REQUEST"),
+        ("PEAK_EWMA", "simple: PEAK_EWMA"),
+        ("LOAD_AWARE", "simple: LOAD_AWARE"),
+        ("RING_HASH", "consistentHash: {httpHeaderName: x-user}"),
+        (
+            "MAGLEV",
+            "consistentHash: {httpHeaderName: x-user, maglev: {tableSize: 65537}}",
+        ),
+    ] {
         let mut victim = net.backend(3, &slow).await;
-        net.rule("rule.yaml", "backend", &format!("simple: {policy}"));
+        net.rule("rule.yaml", "backend", lb);
         wait_sidecar(net.addr(100, 15000), Duration::from_secs(3), |v| {
             policy_of(v, "backend") == policy
         })
