@@ -17,23 +17,7 @@ const SECONDS: u64 = 20;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let net = Net::new(90);
-    let _b1 = net
-        .backend(
-            1,
-            &[("CONCURRENCY", "16"), ("TIMING_50_PERCENTILE", "20ms")],
-        )
-        .await;
-    let _b2 = net
-        .backend(2, &[("CONCURRENCY", "4"), ("TIMING_50_PERCENTILE", "40ms")])
-        .await;
-    let _b3 = net
-        .backend(3, &[("CONCURRENCY", "2"), ("TIMING_50_PERCENTILE", "60ms")])
-        .await;
-    net.service("backend", &[1, 2, 3]);
-    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
-    let _cp = net.control_plane().await;
-    let _s1 = net.sidecar(100, &[]).await;
-    let _s2 = net.sidecar(101, &[]).await;
+    let _procs = mesh(&net, &UNEQUAL, "simple: ROUND_ROBIN", &[100, 101]).await;
     let runs = [
         ("ROUND_ROBIN (equal)", "simple: ROUND_ROBIN".to_string()),
         (

@@ -531,3 +531,37 @@ pub fn assert_no_failures(c: &Counts, what: &str) {
         &c.failed[..c.failed.len().min(5)]
     );
 }
+
+/// Backends (host, fake-service env) behind Service `backend`, a rule with
+/// this load balancer, the control plane and sidecars at `sidecars`; the
+/// processes live as long as the returned vector.
+pub async fn mesh(
+    net: &Net,
+    backends: &[(u8, &[(&str, &str)])],
+    load_balancer: &str,
+    sidecars: &[u8],
+) -> Vec<Proc> {
+    let mut procs = Vec::new();
+    for (host, env) in backends {
+        procs.push(net.backend(*host, env).await);
+    }
+    let hosts: Vec<u8> = backends.iter().map(|(h, _)| *h).collect();
+    net.service("backend", &hosts);
+    net.rule("rule.yaml", "backend", load_balancer);
+    procs.push(net.control_plane().await);
+    for s in sidecars {
+        procs.push(net.sidecar(*s, &[]).await);
+    }
+    procs
+}
+
+/// The unequal-capacity backends of the LOAD_AWARE experiments:
+/// CONCURRENCY 16/4/2 at 20/40/60 ms.
+pub const UNEQUAL: [(u8, &[(&str, &str)]); 3] = [
+    (
+        1,
+        &[("CONCURRENCY", "16"), ("TIMING_50_PERCENTILE", "20ms")],
+    ),
+    (2, &[("CONCURRENCY", "4"), ("TIMING_50_PERCENTILE", "40ms")]),
+    (3, &[("CONCURRENCY", "2"), ("TIMING_50_PERCENTILE", "60ms")]),
+];

@@ -10,13 +10,12 @@ use hyper_util::rt::TokioIo;
 
 use crate::harness::*;
 
-/// GET with extra headers; returns status, endpoint, Set-Cookie.
-async fn get_with(
-    addr: SocketAddr,
+/// GET on `stream` with extra headers; returns status, endpoint, Set-Cookie.
+async fn exchange(
+    stream: tokio::net::TcpStream,
     path: &str,
     headers: &[(&str, &str)],
 ) -> (u16, String, Option<String>) {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .expect("handshake");
@@ -45,18 +44,30 @@ async fn get_with(
     (status, ep, cookie)
 }
 
+/// GET with extra headers from any local address.
+async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, Option<String>) {
+    exchange(
+        tokio::net::TcpStream::connect(addr).await.expect("connect"),
+        path,
+        headers,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ring_hash_and_maglev_are_sticky_and_spread_keys_evenly() {
     let net = Net::new(61);
-    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
-    net.service("backend", &[1, 2, 3]);
-    net.rule(
-        "rule.yaml",
-        "backend",
+    let _procs = mesh(
+        &net,
+        &[(1, &[]), (2, &[]), (3, &[])],
         "consistentHash:\n  httpHeaderName: x-user\n  ringHash:\n    minimumRingSize: 1024",
-    );
-    let _cp = net.control_plane().await;
-    let _sc = net.sidecar(100, &[]).await;
+        &[100],
+    )
+    .await;
     let proxy = net.addr(100, 15001);
     for (policy, lb) in [
         (
@@ -109,15 +120,13 @@ async fn ring_hash_and_maglev_are_sticky_and_spread_keys_evenly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookie_is_set_once_and_honoured() {
     let net = Net::new(62);
-    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
-    net.service("backend", &[1, 2, 3]);
-    net.rule(
-        "rule.yaml",
-        "backend",
+    let _procs = mesh(
+        &net,
+        &[(1, &[]), (2, &[]), (3, &[])],
         "consistentHash:\n  httpCookie:\n    name: mm-session\n    path: /\n    ttl: 3600s",
-    );
-    let _cp = net.control_plane().await;
-    let _sc = net.sidecar(100, &[]).await;
+        &[100],
+    )
+    .await;
     let proxy = net.addr(100, 15001);
     let (status, first_ep, cookie) = get_with(proxy, "/", &[]).await;
     assert_eq!(status, 200);
@@ -166,25 +175,9 @@ async fn peak_ewma_starves_the_slow_replica_without_snowballing() {
 async fn get_from(src: std::net::Ipv4Addr, addr: SocketAddr, headers: &[(&str, &str)]) -> String {
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     sock.bind(SocketAddr::from((src, 0))).expect("bind source");
-    let stream = sock.connect(addr).await.expect("connect");
-    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let mut b = Request::get("/").header(header::HOST, "backend");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = s
-        .send_request(b.body(Empty::<Bytes>::new()).expect("req"))
-        .await
-        .expect("resp");
-    assert_eq!(resp.status(), 200);
-    resp.headers()
-        .get("x-minimesh-endpoint")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
+    let (status, ep, _) = exchange(sock.connect(addr).await.expect("connect"), "/", headers).await;
+    assert_eq!(status, 200);
+    ep
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -148,23 +148,7 @@ fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_aware_converges_to_weights_ordered_by_capacity_without_failures() {
     let net = Net::new(73);
-    let _b1 = net
-        .backend(
-            1,
-            &[("CONCURRENCY", "16"), ("TIMING_50_PERCENTILE", "20ms")],
-        )
-        .await;
-    let _b2 = net
-        .backend(2, &[("CONCURRENCY", "4"), ("TIMING_50_PERCENTILE", "40ms")])
-        .await;
-    let _b3 = net
-        .backend(3, &[("CONCURRENCY", "2"), ("TIMING_50_PERCENTILE", "60ms")])
-        .await;
-    net.service("backend", &[1, 2, 3]);
-    net.rule("rule.yaml", "backend", "simple: LOAD_AWARE");
-    let _cp = net.control_plane().await;
-    let _s1 = net.sidecar(100, &[]).await;
-    let _s2 = net.sidecar(101, &[]).await;
+    let _procs = mesh(&net, &UNEQUAL, "simple: LOAD_AWARE", &[100, 101]).await;
     let v = get_json(net.addr(100, 15000), "/debug/config").await;
     assert_eq!(policy_of(&v, "backend"), "LOAD_AWARE");
     let l1 = Background::start(net.addr(100, 15001), "backend", 60);
