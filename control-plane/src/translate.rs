@@ -175,6 +175,9 @@ pub fn translate(
                 cluster.retry_budget_percent = res.retry_budget_percent;
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.max_requests = res.max_requests;
+                cluster.idle_timeout_ms = res.idle_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.max_requests_per_connection = res.max_requests_per_connection;
+                cluster.max_retries = res.max_retries;
                 cluster.retry_on = res.retry_on;
                 cluster.health_check = res.health_check.as_ref().map(|h| v1::HealthCheck {
                     path: h.path.clone(),

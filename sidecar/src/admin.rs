@@ -97,6 +97,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "address": e.addr.to_string(),
                         "pod": e.pod,
                         "active": e.active.load(Ordering::Relaxed),
+                        "connections": e.pool.open.load(Ordering::Relaxed),
                         "failing": e.is_failing(),
                         "ejected": e.is_ejected(),
                         "health_check_failing": e.hc_unhealthy.load(Ordering::Relaxed),
@@ -124,7 +125,12 @@ fn config(admin: &Admin) -> serde_json::Value {
 fn metrics(admin: &Admin) -> String {
     let routing = admin.routing.load();
     let mut out = String::new();
-    let series: [(&str, &str, &str); 6] = [
+    let series: [(&str, &str, &str); 7] = [
+        (
+            "minimesh_endpoint_connections",
+            "gauge",
+            "Upstream connections open to the endpoint (busy and idle)",
+        ),
         (
             "minimesh_endpoint_ejected",
             "gauge",
@@ -197,6 +203,13 @@ fn metrics(admin: &Admin) -> String {
                             out,
                             "{name}{{{labels}}} {}",
                             k.connect_failures.load(Ordering::Relaxed)
+                        );
+                    }
+                    "minimesh_endpoint_connections" => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{labels}}} {}",
+                            e.pool.open.load(Ordering::Relaxed)
                         );
                     }
                     "minimesh_endpoint_ejected" => {

@@ -88,6 +88,8 @@ pub struct EndpointState {
     pub ewma_rtt_us: AtomicU64,
     /// When `ewma_rtt_us` was last updated ([`clock::now_ms`] × 1000).
     pub ewma_stamp_us: AtomicU64,
+    /// Upstream connections to this endpoint; closed when it leaves every cluster.
+    pub pool: crate::pool::ConnPool,
 }
 
 impl EndpointState {
@@ -113,6 +115,7 @@ impl EndpointState {
             hc_streak: AtomicU32::new(0),
             ewma_rtt_us: AtomicU64::new(0),
             ewma_stamp_us: AtomicU64::new(0),
+            pool: Default::default(),
         })
     }
 
@@ -172,6 +175,13 @@ impl EndpointState {
 /// Decrements the endpoint's active count when dropped.
 #[derive(Debug)]
 pub struct ActiveGuard(Arc<EndpointState>);
+
+impl ActiveGuard {
+    /// The endpoint counted.
+    pub fn endpoint(&self) -> &Arc<EndpointState> {
+        &self.0
+    }
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::endpoint::EndpointState;
-use crate::proxy::UpstreamClient;
+use crate::pool::{ConnPool, PoolSettings};
 use crate::routing::Routing;
 
 /// The running checkers, one per cluster that asks for one.
@@ -33,7 +33,6 @@ impl HealthCheckers {
         &mut self,
         clusters: &BTreeMap<String, Cluster>,
         routing: &Arc<ArcSwap<Routing>>,
-        client: &UpstreamClient,
     ) {
         self.tasks.retain(|name, (hc, task)| {
             let keep = clusters.get(name).and_then(|c| c.health_check.as_ref()) == Some(hc);
@@ -47,12 +46,7 @@ impl HealthCheckers {
             if self.tasks.contains_key(name) {
                 continue;
             }
-            let task = tokio::spawn(check_loop(
-                name.clone(),
-                hc.clone(),
-                routing.clone(),
-                client.clone(),
-            ));
+            let task = tokio::spawn(check_loop(name.clone(), hc.clone(), routing.clone()));
             self.tasks.insert(name.clone(), (hc.clone(), task));
         }
     }
@@ -66,12 +60,7 @@ impl Drop for HealthCheckers {
     }
 }
 
-async fn check_loop(
-    cluster: String,
-    hc: HealthCheck,
-    routing: Arc<ArcSwap<Routing>>,
-    client: UpstreamClient,
-) {
+async fn check_loop(cluster: String, hc: HealthCheck, routing: Arc<ArcSwap<Routing>>) {
     let interval = Duration::from_millis(hc.interval_ms.max(100));
     let timeout = Duration::from_millis(hc.timeout_ms.max(1));
     let mut tick = tokio::time::interval(interval);
@@ -83,11 +72,10 @@ async fn check_loop(
             None => continue,
         };
         let probes = endpoints.into_iter().map(|ep| {
-            let client = client.clone();
             let hc = hc.clone();
             let cluster = cluster.clone();
             async move {
-                let ok = probe(&client, &ep, &hc.path, timeout).await;
+                let ok = probe(&ep, &hc.path, timeout).await;
                 record(&cluster, &ep, ok, &hc);
             }
         });
@@ -95,22 +83,28 @@ async fn check_loop(
     }
 }
 
-async fn probe(client: &UpstreamClient, ep: &EndpointState, path: &str, timeout: Duration) -> bool {
-    let Ok(uri) = Uri::builder()
-        .scheme("http")
-        .authority(ep.authority.clone())
-        .path_and_query(path)
-        .build()
-    else {
+/// One probe on a connection of its own (closed after it), as Envoy keeps
+/// health-check traffic apart from requests.
+async fn probe(ep: &EndpointState, path: &str, timeout: Duration) -> bool {
+    let Ok(uri) = path.parse::<Uri>() else {
         return false;
     };
     let mut req = Request::new(Either::Left(Full::new(Bytes::new())));
     *req.uri_mut() = uri;
+    if let Ok(host) = http::HeaderValue::from_str(ep.authority.as_str()) {
+        req.headers_mut().insert(header::HOST, host);
+    }
     req.headers_mut().insert(
         header::USER_AGENT,
         http::HeaderValue::from_static("minimesh-health-check"),
     );
-    matches!(tokio::time::timeout(timeout, client.request(req)).await, Ok(Ok(r)) if r.status().is_success())
+    let settings = PoolSettings {
+        connect_timeout: timeout,
+        idle_timeout: timeout,
+        max_requests_per_connection: 1,
+    };
+    let conns = ConnPool::default();
+    matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, req)).await, Ok(Ok((r, _))) if r.status().is_success())
 }
 
 fn record(cluster: &str, ep: &EndpointState, ok: bool, hc: &HealthCheck) {

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod endpoint;
 pub mod health;
 pub mod histogram;
+pub mod pool;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
@@ -139,8 +140,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let routing = Arc::new(ArcSwap::from_pointee(Routing::default()));
     let ready = Arc::new(AtomicBool::new(false));
-    let client = proxy::upstream_client(args.connect_timeout);
-    let client_for_health = client.clone();
+    let pool_defaults = pool::PoolSettings {
+        connect_timeout: args.connect_timeout,
+        idle_timeout: pool::DEFAULT_IDLE_TIMEOUT,
+        max_requests_per_connection: 0,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let admin_listener = TcpListener::bind(args.admin)
@@ -161,7 +165,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding outbound address {}", args.outbound))?;
     let out_proxy = Arc::new(Proxy {
         routing: routing.clone(),
-        client: client.clone(),
         ready: ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
     });
@@ -199,6 +202,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             max_requests: 0,
             retry_on: minimesh_proto::v1::RetryOn::ConnectFailure as u32,
             inflight: Default::default(),
+            max_retries: 0,
+            retries_inflight: Default::default(),
+            pool: pool_defaults,
             rule: String::new(),
         });
         let table = Routing {
@@ -207,7 +213,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         };
         let in_proxy = Arc::new(Proxy {
             routing: Arc::new(ArcSwap::from_pointee(table)),
-            client,
             ready: Arc::new(AtomicBool::new(true)),
             trust_forwarded_for: false,
         });
@@ -220,6 +225,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )));
     }
 
+    let sweeper = tokio::spawn(pool::sweep_forever(routing.clone()));
     let reporter = xds::load_report::LoadReporter {
         address: args.xds_addr.clone(),
         node: node.clone(),
@@ -235,7 +241,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         routing,
         ready,
-        client: client_for_health,
+        pool_defaults,
     };
     let xds_task = tokio::spawn(xds.run());
     info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, admin = %args.admin, xds = args.xds_addr, "sidecar started");
@@ -248,6 +254,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     xds_task.abort();
     reporter_task.abort();
+    sweeper.abort();
     info!("sidecar stopped");
     Ok(())
 }

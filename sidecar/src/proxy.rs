@@ -16,15 +16,14 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
+use crate::pool::Lease;
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::v1::RetryOn;
 
@@ -40,32 +39,14 @@ pub const ERROR_HEADER: &str = "x-minimesh-error";
 pub const ENDPOINT_HEADER: &str = "x-minimesh-endpoint";
 
 /// Body sent upstream.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+pub use crate::pool::UpstreamBody;
 /// Body sent back to the caller.
 pub type ResponseBody = Either<Tracked, Full<Bytes>>;
-/// The pooled upstream client (keep-alive connections per endpoint).
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
-
-/// Builds the upstream client: keep-alive pools per endpoint, Nagle off.
-pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(256)
-        .build(connector)
-}
 
 /// One listener's proxy: where its routing comes from and how it forwards.
 pub struct Proxy {
     /// Routing table, swapped on config changes.
     pub routing: Arc<ArcSwap<Routing>>,
-    /// Upstream client.
-    pub client: UpstreamClient,
     /// False until the first complete config arrived.
     pub ready: Arc<AtomicBool>,
     /// Take the caller's address for source-IP hashing from the first
@@ -110,7 +91,7 @@ impl Proxy {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
-        let fut = forward(&self.client, &cluster, req, authority, hash);
+        let fut = forward(&cluster, req, authority, hash);
         let mut forwarded = match cluster.timeout {
             None => fut.await,
             Some(t) => match tokio::time::timeout(t, fut).await {
@@ -230,7 +211,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 async fn forward(
-    client: &UpstreamClient,
     cluster: &ClusterHandle,
     req: Request<Incoming>,
     authority: Option<String>,
@@ -296,7 +276,27 @@ async fn forward(
         }
     };
     cluster.budget.on_request();
+    let mut _retrying: Option<InflightGuard> = None;
     for attempt in 0..attempts {
+        if attempt > 0 && _retrying.is_none() {
+            match admit_retry(cluster) {
+                Ok(g) => _retrying = g,
+                Err(max) => {
+                    let mut r = local(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!(
+                            "cluster {} has {max} retries in flight (connectionPool.http.maxRetries); last: {last_error}",
+                            cluster.name
+                        ),
+                    );
+                    if let Ok(v) = HeaderValue::from_str(&format!("max retries {max}")) {
+                        r.headers_mut()
+                            .insert(HeaderName::from_static(OVERFLOW_HEADER), v);
+                    }
+                    return r;
+                }
+            }
+        }
         if attempt > 0 && !cluster.budget.try_retry() {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -343,9 +343,10 @@ async fn forward(
         let guard = ep.start();
         let started = tokio::time::Instant::now();
         let more = attempt + 1 < attempts;
+        let send = ep.pool.send(ep.addr, &cluster.pool, up);
         let sent = match cluster.per_try_timeout {
-            None => Ok(client.request(up).await),
-            Some(t) => tokio::time::timeout(t, client.request(up)).await,
+            None => Ok(send.await),
+            Some(t) => tokio::time::timeout(t, send).await,
         };
         let sent = match sent {
             Ok(result) => result,
@@ -370,7 +371,7 @@ async fn forward(
             }
         };
         match sent {
-            Ok(resp)
+            Ok((resp, _))
                 if more
                     && idempotent
                     && on(cluster, RetryOn::ConnectFailure)
@@ -391,7 +392,7 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Ok(resp)
+            Ok((resp, _))
                 if more
                     && ((on(cluster, RetryOn::ServerError) && resp.status().is_server_error())
                         || (on(cluster, RetryOn::GatewayError)
@@ -403,7 +404,7 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Ok(resp) => {
+            Ok((resp, lease)) => {
                 ep.mark_reachable();
                 let elapsed = started.elapsed().as_micros() as u64;
                 if cluster.balancer.policy() == crate::balance::Policy::PeakEwma {
@@ -430,7 +431,9 @@ async fn forward(
                     rp,
                     Either::Left(Tracked {
                         inner: rb,
-                        _guard: guard,
+                        lease: Some(lease),
+                        done: false,
+                        guard,
                         _inflight: inflight.take(),
                     }),
                 );
@@ -497,11 +500,24 @@ pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
 }
 
 /// An upstream response body that keeps its endpoint's active count (and
-/// the cluster's in-flight count) until the body is done.
+/// the cluster's in-flight count) until the body is done, then gives the
+/// connection back to the endpoint's pool if the body was read to the end.
 pub struct Tracked {
     inner: Incoming,
-    _guard: ActiveGuard,
+    lease: Option<Lease>,
+    done: bool,
+    guard: ActiveGuard,
     _inflight: Option<InflightGuard>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            if self.done || self.inner.is_end_stream() {
+                self.guard.endpoint().pool.put(lease);
+            }
+        }
+    }
 }
 
 /// One request counted against a cluster's `max_requests`.
@@ -523,6 +539,19 @@ fn admit(cluster: &ClusterHandle) -> Result<Option<InflightGuard>, u32> {
         return Err(cluster.max_requests);
     }
     Ok(Some(InflightGuard(cluster.inflight.clone())))
+}
+
+/// Counts a retry against the cluster's `max_retries`; Err when it is full.
+fn admit_retry(cluster: &ClusterHandle) -> Result<Option<InflightGuard>, u32> {
+    if cluster.max_retries == 0 {
+        return Ok(None);
+    }
+    let n = &cluster.retries_inflight;
+    if n.fetch_add(1, Ordering::Relaxed) >= cluster.max_retries {
+        n.fetch_sub(1, Ordering::Relaxed);
+        return Err(cluster.max_retries);
+    }
+    Ok(Some(InflightGuard(n.clone())))
 }
 
 #[inline]
@@ -590,7 +619,11 @@ impl Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.done = true;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -12,6 +12,7 @@ use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Route};
 
 use crate::balance::{Balancer, Policy};
 use crate::endpoint::EndpointState;
+use crate::pool::PoolSettings;
 
 /// What a consistent-hash cluster hashes on.
 #[derive(Clone, Debug)]
@@ -75,6 +76,12 @@ pub struct ClusterHandle {
     pub retry_on: u32,
     /// Requests in flight now; shared across config updates.
     pub inflight: Arc<std::sync::atomic::AtomicU32>,
+    /// Retries in flight at most (0 = unlimited; `connectionPool.http.maxRetries`).
+    pub max_retries: u32,
+    /// Retries in flight now; shared across config updates.
+    pub retries_inflight: Arc<std::sync::atomic::AtomicU32>,
+    /// Upstream connection settings.
+    pub pool: PoolSettings,
     /// The rule in force (`namespace/name`), empty for the default policy.
     pub rule: String,
 }
@@ -125,6 +132,7 @@ pub struct Resources {
     pub routes: BTreeMap<String, Route>,
     states: HashMap<(String, SocketAddr), Arc<EndpointState>>,
     inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
+    retries_inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
     budgets: HashMap<String, Arc<crate::retry::Budget>>,
     picks: HashMap<String, Arc<PickHistogram>>,
 }
@@ -173,8 +181,14 @@ pub fn validate_endpoints(cla: &ClusterLoadAssignment) -> Result<(), String> {
 }
 
 impl Resources {
-    /// Builds the routing table for a proxy in `namespace`.
-    pub fn build(&mut self, namespace: &str, aliases: &HostAliases) -> Routing {
+    /// Builds the routing table for a proxy in `namespace`; `defaults` are
+    /// the connection settings of clusters whose rule sets none.
+    pub fn build(
+        &mut self,
+        namespace: &str,
+        aliases: &HostAliases,
+        defaults: &PoolSettings,
+    ) -> Routing {
         let mut clusters = BTreeMap::new();
         let mut states = HashMap::new();
         // Clusters that already had endpoints: only endpoints joining those
@@ -247,6 +261,23 @@ impl Resources {
                     max_requests: c.max_requests,
                     retry_on: c.retry_on,
                     inflight: self.inflight.entry(name.clone()).or_default().clone(),
+                    max_retries: c.max_retries,
+                    retries_inflight: self
+                        .retries_inflight
+                        .entry(name.clone())
+                        .or_default()
+                        .clone(),
+                    pool: PoolSettings {
+                        connect_timeout: match c.connect_timeout_ms {
+                            0 => defaults.connect_timeout,
+                            ms => Duration::from_millis(ms),
+                        },
+                        idle_timeout: match c.idle_timeout_ms {
+                            0 => defaults.idle_timeout,
+                            ms => Duration::from_millis(ms),
+                        },
+                        max_requests_per_connection: c.max_requests_per_connection,
+                    },
                     budget: {
                         let b = self.budgets.entry(name.clone()).or_insert_with(|| {
                             Arc::new(crate::retry::Budget::new(

@@ -303,6 +303,26 @@ impl Conn {
         host: &str,
         path: &str,
     ) -> anyhow::Result<(u16, Option<String>, String)> {
+        self.request(host, path, &[]).await
+    }
+
+    /// GET with extra headers; returns the status and the serving endpoint.
+    pub async fn get_with(
+        &mut self,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<(u16, Option<String>)> {
+        let (status, ep, _) = self.request(host, path, headers).await?;
+        Ok((status, ep))
+    }
+
+    async fn request(
+        &mut self,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<(u16, Option<String>, String)> {
         let ready = match self.sender.as_mut() {
             Some(s) => s.ready().await.is_ok(),
             None => false,
@@ -311,9 +331,11 @@ impl Conn {
             self.connect().await?;
         }
         let sender = self.sender.as_mut().expect("connected");
-        let req = Request::get(path)
-            .header(header::HOST, host)
-            .body(Empty::new())?;
+        let mut req = Request::get(path).header(header::HOST, host);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Empty::new())?;
         let resp = sender.send_request(req).await;
         let resp = match resp {
             Ok(r) => r,

@@ -117,6 +117,86 @@ async fn ring_hash_and_maglev_are_sticky_and_spread_keys_evenly() {
     }
 }
 
+/// Which endpoint each of `keys` reaches through `proxy`.
+async fn owners(proxy: SocketAddr, keys: &[String]) -> BTreeMap<String, String> {
+    let mut owner = BTreeMap::new();
+    let mut conn = Conn::open(proxy).await.expect("connect");
+    for user in keys {
+        let (status, ep) = conn
+            .get_with("backend", "/", &[("x-user", user)])
+            .await
+            .expect("response");
+        assert_eq!(status, 200);
+        owner.insert(user.clone(), ep.unwrap_or_default());
+    }
+    owner
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_one_of_five_endpoints_moves_only_its_keys() {
+    let net = Net::new(65);
+    let backends: Vec<(u8, &[(&str, &str)])> = (1..=5).map(|h| (h, &[][..])).collect();
+    let _procs = mesh(
+        &net,
+        &backends,
+        "consistentHash:\n  httpHeaderName: x-user\n  ringHash:\n    minimumRingSize: 1024",
+        &[100],
+    )
+    .await;
+    let proxy = net.addr(100, 15001);
+    let admin = net.addr(100, 15000);
+    let keys: Vec<String> = (0..1000).map(|k| format!("user-{k}")).collect();
+    let gone = net.addr(5, 9090).to_string();
+    for (policy, lb, must_stay) in [
+        (
+            "RING_HASH",
+            "consistentHash:\n  httpHeaderName: x-user\n  ringHash:\n    minimumRingSize: 1024",
+            1.0,
+        ),
+        (
+            "MAGLEV",
+            "consistentHash:\n  httpHeaderName: x-user\n  maglev:\n    tableSize: 65537",
+            0.99,
+        ),
+    ] {
+        net.service("backend", &[1, 2, 3, 4, 5]);
+        net.rule("rule.yaml", "backend", lb);
+        wait_sidecar(admin, std::time::Duration::from_secs(3), |v| {
+            policy_of(v, "backend") == policy && endpoints_of(v, "backend").len() == 5
+        })
+        .await;
+        let before = owners(proxy, &keys).await;
+        net.service("backend", &[1, 2, 3, 4]);
+        wait_sidecar(admin, std::time::Duration::from_secs(3), |v| {
+            endpoints_of(v, "backend").len() == 4
+        })
+        .await;
+        let after = owners(proxy, &keys).await;
+        let survivors: Vec<&String> = before
+            .iter()
+            .filter(|(_, ep)| **ep != gone)
+            .map(|(k, _)| k)
+            .collect();
+        let stayed = survivors
+            .iter()
+            .filter(|k| before[**k] == after[**k])
+            .count();
+        let fraction = stayed as f64 / survivors.len() as f64;
+        eprintln!(
+            "{policy}: {stayed} of {} keys of surviving endpoints stayed ({:.2}%)",
+            survivors.len(),
+            fraction * 100.0
+        );
+        assert!(
+            fraction >= must_stay,
+            "{policy}: only {stayed} of {} keys of surviving endpoints stayed",
+            survivors.len()
+        );
+        // The removed endpoint's keys went somewhere that serves.
+        assert!(after.values().all(|ep| *ep != gone && !ep.is_empty()));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookie_is_set_once_and_honoured() {
     let net = Net::new(62);

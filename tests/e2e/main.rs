@@ -3,6 +3,7 @@
 
 mod balancing;
 mod config;
+mod connection_pool;
 mod harness;
 mod hashing;
 mod load_reports;

@@ -96,9 +96,6 @@ pub struct TrafficPolicy {
     /// minimesh extension: whole-request timeout, e.g. `10s` (default: none).
     #[serde(default)]
     pub timeout: Option<String>,
-    /// minimesh extension: TCP connect timeout, e.g. `1s` (default 1s).
-    #[serde(default)]
-    pub connect_timeout: Option<String>,
 }
 
 /// `spec.trafficPolicy.healthCheck` (minimesh extension).
@@ -195,7 +192,7 @@ pub struct TcpPool {
     /// Connections to the service at most, per sidecar.
     #[serde(default)]
     pub max_connections: Option<u32>,
-    /// Connect timeout (accepted; the sidecar's --connect-timeout applies).
+    /// TCP connect timeout (default: the sidecar's `--connect-timeout`, 1s).
     #[serde(default)]
     pub connect_timeout: Option<String>,
     /// TCP keepalive (accepted, not enforced).
@@ -213,13 +210,13 @@ pub struct HttpPool {
     /// Requests in flight at most.
     #[serde(default, rename = "http2MaxRequests")]
     pub http2_max_requests: Option<u32>,
-    /// Accepted, not enforced.
+    /// Requests one upstream connection carries before it is closed (0 or unset: unlimited; 1: no keep-alive).
     #[serde(default)]
     pub max_requests_per_connection: Option<u32>,
-    /// Accepted, not enforced.
+    /// Retries in flight to the service at most, per sidecar (unset: unlimited).
     #[serde(default)]
     pub max_retries: Option<u32>,
-    /// Accepted, not enforced.
+    /// Idle upstream connections are closed after this (default 1h).
     #[serde(default)]
     pub idle_timeout: Option<String>,
     /// Accepted, not enforced.
@@ -487,6 +484,12 @@ pub struct Resolved {
     pub health_check: Option<ResolvedHealthCheck>,
     /// Requests in flight per sidecar at most (0 = unlimited).
     pub max_requests: u32,
+    /// Idle upstream connection lifetime.
+    pub idle_timeout: Option<Duration>,
+    /// Requests per upstream connection (0 = unlimited).
+    pub max_requests_per_connection: u32,
+    /// Retries in flight per sidecar at most (0 = unlimited).
+    pub max_retries: u32,
 }
 
 /// Default retry budget: retries at most 20% of requests…
@@ -534,6 +537,9 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
         outlier: None,
         max_requests: 0,
+        idle_timeout: None,
+        max_requests_per_connection: 0,
+        max_retries: 0,
         retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
         health_check: None,
     };
@@ -646,19 +652,59 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => 0,
         };
-        let unenforced = cp.http.as_ref().is_some_and(|h| {
-            h.max_requests_per_connection.is_some()
-                || h.max_retries.is_some()
-                || h.idle_timeout.is_some()
-                || h.h2_upgrade_policy.is_some()
-                || h.use_client_protocol.is_some()
-                || h.max_concurrent_streams.is_some()
-        }) || cp
-            .tcp
-            .as_ref()
-            .is_some_and(|t| t.connect_timeout.is_some() || t.tcp_keepalive.is_some());
-        if unenforced {
-            warnings.push(format!("{CP}: only tcp.maxConnections, http.http1MaxPendingRequests and http.http2MaxRequests are enforced yet"));
+        let dur = |v: Option<&String>, field: &str| {
+            v.map(|t| parse_duration(t).map_err(|r| FieldError::new(format!("{CP}.{field}"), r)))
+                .transpose()
+        };
+        resolved.connect_timeout = dur(
+            cp.tcp.as_ref().and_then(|t| t.connect_timeout.as_ref()),
+            "tcp.connectTimeout",
+        )?;
+        resolved.idle_timeout = dur(
+            cp.http.as_ref().and_then(|h| h.idle_timeout.as_ref()),
+            "http.idleTimeout",
+        )?;
+        if let Some(h) = &cp.http {
+            resolved.max_requests_per_connection = h.max_requests_per_connection.unwrap_or(0);
+            if h.max_retries == Some(0) {
+                return Err(FieldError::new(
+                    format!("{CP}.http.maxRetries"),
+                    "must be at least 1 (to turn retries off, set retries.attempts: 0)",
+                ));
+            }
+            resolved.max_retries = h.max_retries.unwrap_or(0);
+        }
+        let unenforced: Vec<&str> = [
+            (
+                cp.tcp.as_ref().is_some_and(|t| t.tcp_keepalive.is_some()),
+                "tcp.tcpKeepalive",
+            ),
+            (
+                cp.http
+                    .as_ref()
+                    .is_some_and(|h| h.h2_upgrade_policy.is_some()),
+                "http.h2UpgradePolicy",
+            ),
+            (
+                cp.http
+                    .as_ref()
+                    .is_some_and(|h| h.use_client_protocol.is_some()),
+                "http.useClientProtocol",
+            ),
+            (
+                cp.http
+                    .as_ref()
+                    .is_some_and(|h| h.max_concurrent_streams.is_some()),
+                "http.maxConcurrentStreams",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(set, f)| set.then_some(f))
+        .collect();
+        for f in unenforced {
+            warnings.push(format!(
+                "{CP}.{f}: accepted but not enforced (upstream connections are HTTP/1.1)"
+            ));
         }
     }
     for (set, name) in [
@@ -674,12 +720,6 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     if let Some(t) = &tp.timeout {
         resolved.timeout =
             Some(parse_duration(t).map_err(|r| FieldError::new("spec.trafficPolicy.timeout", r))?);
-    }
-    if let Some(t) = &tp.connect_timeout {
-        resolved.connect_timeout = Some(
-            parse_duration(t)
-                .map_err(|r| FieldError::new("spec.trafficPolicy.connectTimeout", r))?,
-        );
     }
     if let Some(r) = &tp.retries {
         if let Some(a) = r.attempts {
@@ -1008,5 +1048,47 @@ mod tests {
             validate(&spec).map(|r| r.0.policy),
             Ok(Policy::LeastRequest)
         );
+    }
+
+    fn with_pool(yaml: &str) -> Result<(Resolved, Vec<String>), FieldError> {
+        let pool: ConnectionPool = serde_json::from_value(
+            serde_saphyr::from_str::<serde_json::Value>(yaml).expect("yaml"),
+        )
+        .expect("shape");
+        validate(&RuleSpec {
+            host: "a".into(),
+            traffic_policy: Some(TrafficPolicy {
+                connection_pool: Some(pool),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn connection_pool_fields_resolve_or_name_the_field() {
+        let (r, warnings) = with_pool(
+            "{tcp: {connectTimeout: 250ms}, http: {idleTimeout: 30s, maxRequestsPerConnection: 7, maxRetries: 3}}",
+        )
+        .expect("valid");
+        assert_eq!(r.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(r.idle_timeout, Some(Duration::from_secs(30)));
+        assert_eq!((r.max_requests_per_connection, r.max_retries), (7, 3));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            with_pool("{http: {idleTimeout: \"5\"}}").map(|_| ()),
+            Err(FieldError::new(
+                "spec.trafficPolicy.connectionPool.http.idleTimeout",
+                "\"5\" needs a unit (ms, s, m or h)"
+            ))
+        );
+        assert_eq!(
+            with_pool("{http: {maxRetries: 0}}")
+                .map(|_| ())
+                .map_err(|e| e.field),
+            Err("spec.trafficPolicy.connectionPool.http.maxRetries".to_string())
+        );
+        let (_, warnings) = with_pool("{http: {maxConcurrentStreams: 10}}").expect("valid");
+        assert_eq!(warnings, vec!["spec.trafficPolicy.connectionPool.http.maxConcurrentStreams: accepted but not enforced (upstream connections are HTTP/1.1)".to_string()]);
     }
 }

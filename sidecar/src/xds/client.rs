@@ -40,8 +40,8 @@ pub struct XdsClient {
     pub routing: Arc<ArcSwap<Routing>>,
     /// Set once every type has been received.
     pub ready: Arc<AtomicBool>,
-    /// Client for active health checks.
-    pub client: crate::proxy::UpstreamClient,
+    /// Connection settings of clusters whose rule sets none.
+    pub pool_defaults: crate::pool::PoolSettings,
 }
 
 impl XdsClient {
@@ -115,7 +115,8 @@ impl XdsClient {
                 Ok(()) => {
                     versions.insert(t, resp.version_info.clone());
                     received.insert(t, true);
-                    let routing = resources.build(&self.node.namespace, &self.aliases);
+                    let routing =
+                        resources.build(&self.node.namespace, &self.aliases, &self.pool_defaults);
                     info!(
                         type_url = t,
                         version = resp.version_info,
@@ -123,7 +124,7 @@ impl XdsClient {
                         "config applied"
                     );
                     self.routing.store(Arc::new(routing));
-                    health.reconcile(&resources.clusters, &self.routing, &self.client);
+                    health.reconcile(&resources.clusters, &self.routing);
                     if received.len() == ALL_TYPES.len() {
                         self.ready.store(true, Ordering::Relaxed);
                     }

@@ -1,0 +1,364 @@
+//! Upstream HTTP/1.1 connections, pooled per endpoint.
+//!
+//! Each endpoint keeps a short stack of idle connections. A request takes
+//! one (or dials a new one), and its response body gives it back once read
+//! to the end, unless the connection has carried `max_requests_per_connection`
+//! requests. Idle connections older than the idle timeout are closed by
+//! [`ConnPool::sweep`] and skipped at checkout. The lock guards only a push or a pop,
+//! never an await.
+//!
+//! Our own pool rather than hyper-util's: Istio's `connectionPool` fields
+//! (`tcp.connectTimeout`, `http.idleTimeout`, `http.maxRequestsPerConnection`)
+//! are per cluster, and the open-connection count per endpoint is a metric
+//! users compare balancers by.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tracing::debug;
+
+/// Body sent upstream: buffered (so that a retry can resend it) or streamed.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+
+/// Idle connections kept per endpoint at most; more are closed when freed.
+pub const MAX_IDLE_PER_ENDPOINT: usize = 256;
+
+/// Istio's default `connectionPool.http.idleTimeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Per-cluster connection settings (Istio's `connectionPool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// TCP connect timeout (`tcp.connectTimeout`; the sidecar's
+    /// `--connect-timeout` when the rule sets none).
+    pub connect_timeout: Duration,
+    /// Idle connections older than this are closed (`http.idleTimeout`).
+    pub idle_timeout: Duration,
+    /// Requests a connection carries before it is closed; 0 is unlimited
+    /// (`http.maxRequestsPerConnection`; 1 disables keep-alive).
+    pub max_requests_per_connection: u32,
+}
+
+/// Why a request could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The TCP connection was refused or failed.
+    #[error(transparent)]
+    Connect(std::io::Error),
+    /// The TCP connection did not complete in time.
+    #[error("connect timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    /// The HTTP/1.1 handshake failed.
+    #[error("handshake: {0}")]
+    Handshake(hyper::Error),
+    /// The request failed on an established connection (reset, closed, bad response).
+    #[error(transparent)]
+    Request(hyper::Error),
+}
+
+impl UpstreamError {
+    /// True when no connection could be made: the request never reached the endpoint.
+    pub fn is_connect(&self) -> bool {
+        !matches!(self, UpstreamError::Request(_))
+    }
+}
+
+struct Idle {
+    tx: http1::SendRequest<UpstreamBody>,
+    uses: u32,
+    since: Instant,
+}
+
+/// One endpoint's connections.
+#[derive(Default)]
+pub struct ConnPool {
+    idle: Mutex<Vec<Idle>>,
+    /// Connections open now (busy and idle).
+    pub open: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for ConnPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnPool")
+            .field("open", &self.open.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// A connection checked out for one request; give it back with
+/// [`ConnPool::put`] once the response body was read to the end.
+pub struct Lease {
+    tx: http1::SendRequest<UpstreamBody>,
+    uses: u32,
+    max_uses: u32,
+}
+
+impl ConnPool {
+    fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32)> {
+        let now = Instant::now();
+        loop {
+            let idle = {
+                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                idle.pop()?
+            };
+            if idle.tx.is_closed() || now.duration_since(idle.since) > idle_timeout {
+                continue; // dropping it closes the connection
+            }
+            return Some((idle.tx, idle.uses));
+        }
+    }
+
+    /// Gives a connection back after its response was read to the end.
+    pub fn put(&self, lease: Lease) {
+        if lease.tx.is_closed() || (lease.max_uses > 0 && lease.uses >= lease.max_uses) {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_PER_ENDPOINT {
+            idle.push(Idle {
+                tx: lease.tx,
+                uses: lease.uses,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes idle connections older than `idle_timeout` (or already closed).
+    pub fn sweep(&self, idle_timeout: Duration) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.retain(|c| !c.tx.is_closed() && now.duration_since(c.since) <= idle_timeout);
+    }
+
+    /// Idle connections now.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().map(|i| i.len()).unwrap_or(0)
+    }
+
+    /// Sends `req` to `addr` on an idle connection or a new one. A request
+    /// that a reused connection could not take (the server closed it while
+    /// idle) goes out again on a fresh connection: that race is not a
+    /// failure of the endpoint.
+    pub async fn send(
+        &self,
+        addr: SocketAddr,
+        settings: &PoolSettings,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, Lease), UpstreamError> {
+        loop {
+            let (mut tx, uses, reused) = match self.take(settings.idle_timeout) {
+                Some((tx, uses)) => (tx, uses, true),
+                None => (
+                    self.connect(addr, settings.connect_timeout).await?,
+                    0,
+                    false,
+                ),
+            };
+            if reused && !tx.is_ready() && tx.ready().await.is_err() {
+                continue;
+            }
+            match tx.try_send_request(req).await {
+                Ok(resp) => {
+                    let lease = Lease {
+                        tx,
+                        uses: uses + 1,
+                        max_uses: settings.max_requests_per_connection,
+                    };
+                    return Ok((resp, lease));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if reused => {
+                        debug!(%addr, error = %e.error(), "pooled connection closed; resending on a new one");
+                        req = back;
+                    }
+                    _ => return Err(UpstreamError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+
+    async fn connect(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<http1::SendRequest<UpstreamBody>, UpstreamError> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
+            Err(_) => return Err(UpstreamError::ConnectTimeout(timeout)),
+        };
+        let _ = stream.set_nodelay(true);
+        let (tx, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Handshake)?;
+        let open = self.open.clone();
+        open.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(%addr, error = %e, "upstream connection ended");
+            }
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+        Ok(tx)
+    }
+}
+
+/// Closes expired idle connections of every endpoint, once a second.
+pub async fn sweep_forever(routing: Arc<arc_swap::ArcSwap<crate::routing::Routing>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let routing = routing.load();
+        for c in routing.clusters.values() {
+            for e in c.balancer.endpoints() {
+                e.pool.sweep(c.pool.idle_timeout);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A server answering every request with 200 and counting connections.
+    async fn server(close_after_first: bool) -> (SocketAddr, Arc<AtomicU32>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let conns = Arc::new(AtomicU32::new(0));
+        let c = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                c.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                        if close_after_first {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, conns)
+    }
+
+    fn get(addr: SocketAddr) -> Request<UpstreamBody> {
+        let mut r = Request::new(Either::Left(Full::new(Bytes::new())));
+        *r.uri_mut() = "/".parse().expect("uri");
+        r.headers_mut()
+            .insert(http::header::HOST, addr.to_string().parse().expect("host"));
+        r
+    }
+
+    async fn roundtrip(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings) {
+        use http_body_util::BodyExt;
+        let (resp, lease) = pool.send(addr, s, get(addr)).await.expect("send");
+        assert_eq!(resp.status(), 200);
+        let _ = resp.into_body().collect().await.expect("body");
+        pool.put(lease);
+    }
+
+    const SETTINGS: PoolSettings = PoolSettings {
+        connect_timeout: Duration::from_secs(1),
+        idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        max_requests_per_connection: 0,
+    };
+
+    #[tokio::test]
+    async fn reuses_connections_and_honours_max_requests_per_connection() {
+        let (addr, conns) = server(false).await;
+        let pool = ConnPool::default();
+        for _ in 0..10 {
+            roundtrip(&pool, addr, &SETTINGS).await;
+        }
+        assert_eq!(conns.load(Ordering::Relaxed), 1, "keep-alive reuses one");
+
+        let (addr, conns) = server(false).await;
+        let pool = ConnPool::default();
+        let s = PoolSettings {
+            max_requests_per_connection: 3,
+            ..SETTINGS
+        };
+        for _ in 0..10 {
+            roundtrip(&pool, addr, &s).await;
+        }
+        assert_eq!(
+            conns.load(Ordering::Relaxed),
+            4,
+            "10 requests, 3 per connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_not_a_failure() {
+        let (addr, conns) = server(true).await;
+        let pool = ConnPool::default();
+        for _ in 0..5 {
+            roundtrip(&pool, addr, &SETTINGS).await;
+            // Let the server's close reach the pooled connection or not:
+            // both orders must succeed.
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(conns.load(Ordering::Relaxed), 5);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_expire() {
+        let (addr, conns) = server(false).await;
+        let pool = ConnPool::default();
+        let s = PoolSettings {
+            idle_timeout: Duration::from_millis(50),
+            ..SETTINGS
+        };
+        roundtrip(&pool, addr, &s).await;
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pool.sweep(s.idle_timeout);
+        assert_eq!(pool.idle_count(), 0);
+        roundtrip(&pool, addr, &s).await;
+        assert_eq!(conns.load(Ordering::Relaxed), 2);
+        // The swept connection's task ends and the open count follows.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(pool.open.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn connect_errors_are_typed() {
+        // A port nothing listens on.
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        drop(l);
+        let pool = ConnPool::default();
+        let err = pool
+            .send(addr, &SETTINGS, get(addr))
+            .await
+            .err()
+            .expect("refused");
+        assert!(err.is_connect(), "{err}");
+        assert!(
+            matches!(&err, UpstreamError::Connect(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{err}"
+        );
+    }
+}
