@@ -152,8 +152,12 @@ impl Aggregator {
     }
 
     fn totals(&self, ep: &EndpointLoad, now: Instant) -> Totals {
+        self.totals_over(ep, now, self.window_secs())
+    }
+
+    fn totals_over(&self, ep: &EndpointLoad, now: Instant, secs: u64) -> Totals {
         let current = now.duration_since(self.start).as_secs();
-        let oldest = current.saturating_sub(self.window_secs());
+        let oldest = current.saturating_sub(secs.min(self.window_secs()));
         let mut t = Totals {
             issued: 0,
             succeeded: 0,
@@ -187,9 +191,10 @@ impl Aggregator {
         t
     }
 
-    /// Per endpoint of `cluster` over the window: (requests, success ratio,
-    /// mean latency in ms) — the inputs of LOAD_AWARE weights.
-    pub fn endpoint_stats(&self, cluster: &str) -> BTreeMap<String, (u64, f64, f64)> {
+    /// Per endpoint of `cluster` over the last `secs` seconds (at most the
+    /// window): (requests, success ratio, mean latency in ms) — the inputs of
+    /// LOAD_AWARE weights.
+    pub fn endpoint_stats(&self, cluster: &str, secs: u64) -> BTreeMap<String, (u64, f64, f64)> {
         let now = Instant::now();
         let endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = BTreeMap::new();
@@ -197,7 +202,7 @@ impl Aggregator {
             if c != cluster {
                 break;
             }
-            let t = self.totals(load, now);
+            let t = self.totals_over(load, now, secs);
             let done = t.succeeded + t.failed;
             let success = if done > 0 {
                 t.succeeded as f64 / done as f64

@@ -1,29 +1,41 @@
 //! LOAD_AWARE: endpoint weights computed from the aggregated load reports of
 //! every sidecar, pushed as endpoint weights every second.
 //!
-//! The weight of an endpoint is its measured service rate per request in
-//! flight — by Little's law, throughput / concurrency = 1 / latency — scaled
-//! by the square of its success ratio as an error penalty (gRPC's weighted
-//! round robin uses qps / (utilization + error penalty) in the same spirit):
+//! Sidecars balance LOAD_AWARE with weighted power of two choices, which
+//! keeps each endpoint's requests in flight roughly proportional to its
+//! weight. By Little's law an endpoint's latency is its requests in flight
+//! divided by its throughput, so latencies are equal exactly when weights are
+//! proportional to capacity — the weights an operator would tune by hand
+//! (24:3:1 for replicas serving 800, 100 and 33 requests a second). The
+//! control plane finds them with a multiplicative controller that pushes
+//! every endpoint's latency towards the mesh-wide mean, once a second:
 //!
 //! ```text
-//! target_i = success_i² / mean_latency_i
+//! w_i ← w_i · (L̄ / L_i)^½ · success_i²
 //! ```
 //!
-//! An overloaded replica queues, its latency rises and its weight falls;
-//! a fast one's rises. To stay stable and fair: weights are normalised to a
-//! mean of 100; each update moves a weight at most ×2 or ÷2; every endpoint
+//! where `L_i` is the endpoint's mean latency over the last
+//! [`CONTROL_WINDOW_SECS`] seconds as all sidecars saw it and `L̄` the
+//! request-weighted mean over the cluster. An endpoint slower than the mean
+//! loses weight, a faster one gains, until they meet; the square root damps
+//! the step, because reports lag the weights by a second or two. The error
+//! penalty `success²` (gRPC's weighted round robin divides by utilisation plus
+//! an error penalty in the same spirit) drives a replica that fails down even
+//! when it fails fast.
+//!
+//! Bounds, so that the loop stays stable and fair: weights are normalised to
+//! a mean of 100; each update moves a weight at most ×2 or ÷2; every endpoint
 //! keeps at least 1% of the largest weight so that it is still measured and
-//! can recover; an endpoint with fewer than 20 requests in the window (new,
-//! or just recovered) gets the mean; and sanitised inputs (see
-//! [`crate::load::Aggregator`]) mean one sidecar's absurd report cannot push
-//! a weight outside those bounds. Sidecars balance LOAD_AWARE with weighted
-//! power of two choices: the weights carry the mesh-wide view, the local
-//! active-request count reacts between updates. (Weighted round robin on the
-//! same weights measured worse here: p95 1.1 s against 357 ms with P2C in
-//! `benches/unequal_capacity.rs`, as each weight update reshuffles the
-//! schedule; the best hand-picked static weights still win on the tail,
-//! p95 158 ms, which is the open part of this policy.)
+//! can recover; an endpoint with fewer than 20 requests in the control window
+//! keeps its weight (a new one starts at the mean); and inputs are sanitised
+//! (see [`crate::load::Aggregator`]) so that one sidecar's absurd report
+//! cannot push a weight outside those bounds. Between updates, the sidecars'
+//! own active-request counts still react at once.
+//!
+//! A first version set weights to 1/latency outright; its fixed point gives
+//! weights proportional to the square root of capacity, which sent too much
+//! to the small replicas (p95 357 ms against 158 ms for the hand-tuned
+//! weights in `benches/unequal_capacity.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -42,6 +54,12 @@ pub const MIN_FRACTION: f64 = 0.01;
 /// Current weights: cluster -> endpoint address -> weight.
 pub type Weights = Arc<RwLock<BTreeMap<String, BTreeMap<String, u32>>>>;
 
+/// Seconds of reports the controller looks at: short, so that it sees the
+/// effect of its last step, long enough to hold a few reports.
+pub const CONTROL_WINDOW_SECS: u64 = 2;
+/// Exponent of the latency ratio per step (damping).
+pub const GAIN: f64 = 0.5;
+
 /// Computes the next weights of one cluster from the aggregate and the
 /// previous weights; `endpoints` are the cluster's addresses.
 pub fn next_weights(
@@ -50,41 +68,156 @@ pub fn next_weights(
     endpoints: &[String],
     prev: Option<&BTreeMap<String, u32>>,
 ) -> BTreeMap<String, u32> {
-    let stats = agg.endpoint_stats(cluster);
-    let mut targets: BTreeMap<&str, Option<f64>> = BTreeMap::new();
+    let stats = agg.endpoint_stats(cluster, CONTROL_WINDOW_SECS);
+    let measured = |ep: &str| {
+        stats
+            .get(ep)
+            .copied()
+            .filter(|(n, _, mean)| *n >= MIN_REQUESTS && mean.is_finite() && *mean > 0.0)
+    };
+    // Request-weighted mean latency of the cluster.
+    let (mut n_sum, mut lat_sum) = (0.0, 0.0);
     for ep in endpoints {
-        let t = stats.get(ep).and_then(|(n, success, mean)| {
-            (*n >= MIN_REQUESTS && *mean > 0.0 && mean.is_finite())
-                .then(|| success * success / mean.max(0.1))
-        });
-        targets.insert(ep, t);
+        if let Some((n, _, mean)) = measured(ep) {
+            n_sum += n as f64;
+            lat_sum += n as f64 * mean.max(0.1);
+        }
     }
-    let known: Vec<f64> = targets.values().flatten().copied().collect();
-    if known.is_empty() {
-        return endpoints
-            .iter()
-            .map(|e| (e.clone(), MEAN_WEIGHT as u32))
-            .collect();
+    let old = |ep: &str| {
+        prev.and_then(|p| p.get(ep))
+            .map_or(MEAN_WEIGHT, |w| f64::from(*w))
+    };
+    let mut raw: BTreeMap<&str, f64> = BTreeMap::new();
+    for ep in endpoints {
+        let w = old(ep);
+        let next = match measured(ep) {
+            Some((_, success, mean)) if n_sum > 0.0 => {
+                let mean_all = lat_sum / n_sum;
+                w * (mean_all / mean.max(0.1)).powf(GAIN) * success * success
+            }
+            _ => w,
+        };
+        raw.insert(ep, if next.is_finite() { next } else { w });
     }
-    let mean_target = known.iter().sum::<f64>() / known.len() as f64;
-    let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for (ep, t) in &targets {
-        let target = t.map_or(MEAN_WEIGHT, |t| t / mean_target * MEAN_WEIGHT);
-        let old = prev
-            .and_then(|p| p.get(*ep))
-            .map_or(MEAN_WEIGHT, |w| f64::from(*w));
-        out.insert(
-            ep.to_string(),
-            target.clamp(old / 2.0, old * 2.0).clamp(1.0, MAX_WEIGHT),
-        );
-    }
-    let max = out.values().copied().fold(1.0, f64::max);
-    out.into_iter()
+    let total: f64 = raw.values().sum();
+    let scale = if total > 0.0 {
+        MEAN_WEIGHT * raw.len() as f64 / total
+    } else {
+        1.0
+    };
+    let stepped: BTreeMap<&str, f64> = raw
+        .into_iter()
         .map(|(ep, w)| {
+            let o = old(ep);
             (
                 ep,
+                (w * scale).clamp(o / 2.0, o * 2.0).clamp(1.0, MAX_WEIGHT),
+            )
+        })
+        .collect();
+    let max = stepped.values().copied().fold(1.0, f64::max);
+    stepped
+        .into_iter()
+        .map(|(ep, w)| {
+            (
+                ep.to_string(),
                 w.max(max * MIN_FRACTION).round().clamp(1.0, MAX_WEIGHT) as u32,
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minimesh_proto::v1::{ClusterStats, EndpointStats, LoadStatsRequest};
+    use std::time::Duration;
+
+    const CLUSTER: &str = "backend.default.svc.cluster.local:80";
+
+    /// One second of a fluid model of closed-loop clients over replicas
+    /// (capacity in requests/s, base latency in ms): weighted P2C keeps
+    /// requests in flight proportional to weight; a replica's latency is
+    /// its base, or its queue over its capacity once saturated (Little's law).
+    fn report(weights: &[f64], caps: &[f64], base_ms: &[f64], clients: f64) -> LoadStatsRequest {
+        let total: f64 = weights.iter().sum();
+        let endpoint_stats = (0..weights.len())
+            .map(|i| {
+                let active = clients * weights[i] / total;
+                let latency_ms = base_ms[i].max(active / caps[i] * 1000.0);
+                let served = (active / latency_ms * 1000.0).round() as u64;
+                EndpointStats {
+                    address: format!("10.0.0.{i}:9090"),
+                    requests_issued: served,
+                    requests_succeeded: served,
+                    latency_sum_ms: served as f64 * latency_ms,
+                    latency_count: served,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        LoadStatsRequest {
+            node: None,
+            cluster_stats: vec![ClusterStats {
+                cluster_name: CLUSTER.into(),
+                endpoint_stats,
+                load_report_interval_ms: 1000,
+            }],
+        }
+    }
+
+    #[test]
+    fn converges_to_weights_proportional_to_capacity() {
+        // The unequal-capacity experiment: CONCURRENCY 16/4/2 at 20/40/60 ms.
+        let caps = [800.0, 100.0, 33.3];
+        let base = [20.0, 40.0, 60.0];
+        let eps: Vec<String> = (0..3).map(|i| format!("10.0.0.{i}:9090")).collect();
+        let mut weights: Option<BTreeMap<String, u32>> = None;
+        let mut history = Vec::new();
+        for _ in 0..20 {
+            let w: Vec<f64> = eps
+                .iter()
+                .map(|e| weights.as_ref().map_or(MEAN_WEIGHT, |w| f64::from(w[e])))
+                .collect();
+            let agg = Aggregator::new(Duration::from_secs(10));
+            agg.add("sidecar", &report(&w, &caps, &base, 120.0));
+            let next = next_weights(&agg, CLUSTER, &eps, weights.as_ref());
+            if let Some(prev) = &weights {
+                for (e, n) in &next {
+                    let (p, n) = (f64::from(prev[e]), f64::from(*n));
+                    // Bounded steps (up to rounding), within the absolute bounds.
+                    assert!(n <= p * 2.0 + 1.0 && n + 1.0 >= p / 2.0, "{p} -> {n}");
+                    assert!((1.0..=MAX_WEIGHT).contains(&n));
+                }
+            }
+            history.push(next.values().copied().collect::<Vec<_>>());
+            weights = Some(next);
+        }
+        let w: Vec<f64> = history[history.len() - 1]
+            .iter()
+            .map(|w| f64::from(*w))
+            .collect();
+        // 800 : 100 : 33 is 24 : 3 : 1; the controller lands near it.
+        let r1 = w[0] / w[2];
+        let r2 = w[1] / w[2];
+        assert!((16.0..=36.0).contains(&r1), "{history:?}");
+        assert!((2.0..=4.5).contains(&r2), "{history:?}");
+        // And stays there: the last five updates move no weight by more than 15%.
+        for pair in history[history.len() - 5..].windows(2) {
+            for (a, b) in pair[0].iter().zip(&pair[1]) {
+                let (a, b) = (f64::from(*a), f64::from(*b));
+                assert!((a - b).abs() <= 0.15 * a.max(b) + 1.0, "{history:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn too_few_requests_keep_the_weight_and_new_endpoints_start_at_the_mean() {
+        let eps = vec!["10.0.0.0:9090".to_string(), "10.0.0.1:9090".to_string()];
+        let agg = Aggregator::new(Duration::from_secs(10));
+        let prev: BTreeMap<String, u32> = [(eps[0].clone(), 50)].into_iter().collect();
+        let next = next_weights(&agg, CLUSTER, &eps, Some(&prev));
+        // No reports at all: 50 and a newcomer at 100, rescaled to a mean of 100.
+        assert_eq!((next[&eps[0]], next[&eps[1]]), (67, 133), "{next:?}");
+    }
 }
