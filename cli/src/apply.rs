@@ -38,7 +38,12 @@ pub struct Validated {
 pub fn validate_file(path: &Path, namespace: &str) -> anyhow::Result<Vec<Validated>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read", path.display()))?;
-    let parsed = parse_documents(path, &text, namespace).map_err(|e| anyhow!("{e}"))?;
+    validate_text(path, &text, namespace)
+}
+
+/// Validates the rules of `text`; errors name `path` as the file.
+pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result<Vec<Validated>> {
+    let parsed = parse_documents(path, text, namespace).map_err(|e| anyhow!("{e}"))?;
     let mut errors = Vec::new();
     let mut out = Vec::new();
     for doc in parsed.documents {

@@ -3,6 +3,7 @@
 //! minimesh binary shares (logging setup, the Tokio runtime).
 
 pub mod apply;
+pub mod bench;
 pub mod demo;
 pub mod get;
 pub mod http;
@@ -103,6 +104,8 @@ pub enum Command {
     Top(top::TopArgs),
     /// Bring the demo mesh up, try each example policy under load, print the results, stop.
     Demo(demo::DemoArgs),
+    /// Run a load-balancing experiment (a scenario file) for every policy it lists.
+    Bench(bench::BenchArgs),
 }
 
 /// Entry point of the `minimesh` binary.
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
         Command::Get(a) => block_on("minimesh get", get::run(home, a)),
         Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
         Command::Top(a) => block_on("minimesh top", top::run(home, a)),
+        Command::Bench(a) => block_on("minimesh bench", bench::run(home, a)),
     }
 }
 

@@ -404,6 +404,27 @@ impl Mesh {
         )
     }
 
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`, …) to the process `name`
+    /// (`<pod>.app`, `<pod>.sidecar`, `control-plane`, `ingress-gateway`).
+    pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
+        let (_, child) = self
+            .children
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| anyhow!("no process {name} in the mesh"))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("{name} has already exited"))?;
+        let status = std::process::Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -s {signal} {pid} ({name}) failed: {status}");
+        }
+        Ok(())
+    }
+
     /// Kills every process and waits for them.
     pub async fn stop(mut self) {
         for (_, c) in &mut self.children {

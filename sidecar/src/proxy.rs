@@ -374,16 +374,23 @@ async fn forward(
             Ok((resp, _))
                 if more
                     && idempotent
-                    && on(cluster, RetryOn::ConnectFailure)
-                    && resp.status() == StatusCode::SERVICE_UNAVAILABLE
-                    && resp.headers().contains_key(ERROR_HEADER) =>
+                    && resp.headers().contains_key(ERROR_HEADER)
+                    && ((on(cluster, RetryOn::ConnectFailure)
+                        && resp.status() == StatusCode::SERVICE_UNAVAILABLE)
+                        || (on(cluster, RetryOn::Reset)
+                            && resp.status() == StatusCode::BAD_GATEWAY)) =>
             {
-                // The endpoint's own sidecar could not reach its app (a dead
-                // or restarting replica): try another endpoint.
+                // The endpoint's own sidecar could not reach its app (503: a
+                // dead or restarting replica), or lost it with the request in
+                // flight (502: the app died mid-request): try another endpoint,
+                // and skip this one for a while as if it had refused the
+                // connection, or every request would pay a retry.
+                ep.mark_connect_failure();
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!(
-                    "{} answered 503: {}",
+                    "{} answered {}: {}",
                     ep.addr,
+                    resp.status().as_u16(),
                     resp.headers()
                         .get(ERROR_HEADER)
                         .and_then(|v| v.to_str().ok())

@@ -2,6 +2,7 @@
 //! on loopback, real HTTP and gRPC traffic.
 
 mod balancing;
+mod bench;
 mod config;
 mod connection_pool;
 mod harness;

@@ -102,6 +102,57 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_killed_behind_its_sidecar_loses_no_request() {
+    // Pods as in a cluster: the app on :8080 behind its sidecar's inbound
+    // listener on :9090. The app dies with requests in flight; its sidecar
+    // answers those with 502 and later ones with 503, and the caller's
+    // sidecar retries both on another pod.
+    let net = Net::new(84);
+    let slow = [("TIMING_50_PERCENTILE", "50ms")];
+    let mut apps = Vec::new();
+    let mut pods = Vec::new();
+    for h in 1..=3u8 {
+        let mut env: Vec<(&str, String)> = vec![
+            ("LISTEN_ADDR", net.addr(h, 8080).to_string()),
+            ("NAME", format!("backend-{h}")),
+        ];
+        env.extend(slow.iter().map(|(k, v)| (*k, v.to_string())));
+        apps.push(net.spawn(&format!("app-{h}"), "fake-service", &[], &env));
+        wait_http(net.addr(h, 8080), "/health").await;
+    }
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    for h in 1..=3u8 {
+        pods.push(
+            net.sidecar(
+                h,
+                &[
+                    "--inbound",
+                    &net.addr(h, 9090).to_string(),
+                    "--app",
+                    &net.addr(h, 8080).to_string(),
+                ],
+            )
+            .await,
+        );
+    }
+    let _client = net.sidecar(100, &[]).await;
+    let loader = Background::start(net.addr(100, 15001), "backend", 20);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    apps[2].kill(); // SIGKILL, with requests in flight through its sidecar
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = loader.finish().await;
+    let victim = *c
+        .by_endpoint
+        .get(&net.addr(3, 9090).to_string())
+        .unwrap_or(&0);
+    assert!(victim > 10, "the victim served only {victim} before dying");
+    assert!(c.ok > 300, "too little load: {}", c.ok);
+    assert_no_failures(&c, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_backend_with_per_try_timeout_loses_nothing_and_bounds_latency() {
     let net = Net::new(43);
     let fast = [("TIMING_50_PERCENTILE", "10ms")];

@@ -13,6 +13,7 @@
 //! | `ERROR_RATE` | share of requests answered with `ERROR_CODE` (0.0–1.0) | `0` |
 //! | `ERROR_CODE` | status of injected errors | `500` |
 //! | `CONCURRENCY` | requests served at once; more wait in a queue (0 = unlimited) | `0` |
+//! | `MAX_QUEUE` | with `CONCURRENCY`, requests waiting at most; more are answered 503 at once (0 = unbounded) | `0` |
 //! | `HEALTH_PATH` | path answering 200 `OK` without delay or errors | `/health` |
 //! | `HTTP_PROXY` | upstream calls go through this proxy (the sidecar) | none |
 
@@ -56,6 +57,8 @@ pub struct Config {
     pub error_code: StatusCode,
     /// Requests served at once (0 = unlimited).
     pub concurrency: usize,
+    /// Requests waiting for a slot at most (0 = unbounded).
+    pub max_queue: usize,
     /// Health path.
     pub health_path: String,
     /// Proxy for upstream calls.
@@ -137,6 +140,15 @@ impl Config {
                 .with_context(|| format!("CONCURRENCY: {v:?} is not a whole number"))?,
             None => 0,
         };
+        let max_queue = match env("MAX_QUEUE") {
+            Some(v) => v
+                .parse()
+                .with_context(|| format!("MAX_QUEUE: {v:?} is not a whole number"))?,
+            None => 0,
+        };
+        if max_queue > 0 && concurrency == 0 {
+            bail!("MAX_QUEUE: needs CONCURRENCY (without a limit nothing ever waits)");
+        }
         let http_proxy = match env("HTTP_PROXY").or_else(|| env("http_proxy")) {
             Some(p) => {
                 let hostport = p.trim_start_matches("http://").trim_end_matches('/');
@@ -175,6 +187,7 @@ impl Config {
             error_rate,
             error_code,
             concurrency,
+            max_queue,
             health_path: env("HEALTH_PATH").unwrap_or_else(|| "/health".into()),
             http_proxy,
         })
@@ -184,6 +197,7 @@ impl Config {
 struct State {
     config: Config,
     limit: Option<Semaphore>,
+    waiting: std::sync::atomic::AtomicUsize,
     client: client::Client,
     ip: String,
 }
@@ -201,6 +215,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     info!(name = config.name, listen = %config.listen, upstreams = ?config.upstreams, "fake-service listening");
     let state = Arc::new(State {
         limit: (config.concurrency > 0).then(|| Semaphore::new(config.concurrency)),
+        waiting: Default::default(),
         client: client::Client::new(config.http_proxy),
         config,
         ip,
@@ -242,7 +257,23 @@ async fn handle(
     let start = SystemTime::now();
     let started = tokio::time::Instant::now();
     let _permit = match &state.limit {
-        Some(s) => s.acquire().await.ok(),
+        Some(s) => match s.try_acquire() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                if cfg.max_queue > 0 && state.waiting.fetch_add(1, Relaxed) >= cfg.max_queue {
+                    state.waiting.fetch_sub(1, Relaxed);
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"queue full\n")));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    return Ok(r);
+                }
+                let p = s.acquire().await.ok();
+                if cfg.max_queue > 0 {
+                    state.waiting.fetch_sub(1, Relaxed);
+                }
+                p
+            }
+        },
         None => None,
     };
     let mut code = StatusCode::OK;

@@ -1,0 +1,615 @@
+//! What a bench run measured and how it is shown: the k6-style summary per
+//! run, the side-by-side table per scenario, JSON, and a self-contained HTML
+//! report (inline SVG, opens offline).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::drive::{Sample, UNKNOWN};
+use super::scenario::Scenario;
+use crate::mesh::Pod;
+
+/// An injected failure as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventRecord {
+    /// Seconds from the start of the load.
+    pub at_s: f64,
+    /// kill, stop, cont.
+    pub action: &'static str,
+    /// The pod.
+    pub pod: String,
+    /// The signal was delivered.
+    pub done: bool,
+}
+
+/// Latency figures in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    /// Mean.
+    pub avg: f64,
+    /// Fastest.
+    pub min: f64,
+    /// Median.
+    pub med: f64,
+    /// 75th percentile.
+    pub p75: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+impl Latency {
+    fn of(mut us: Vec<u32>) -> Latency {
+        if us.is_empty() {
+            return Latency::default();
+        }
+        us.sort_unstable();
+        let q = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        Latency {
+            avg: us.iter().map(|v| *v as f64).sum::<f64>() / us.len() as f64 / 1000.0,
+            min: q(0.0),
+            med: q(0.5),
+            p75: q(0.75),
+            p90: q(0.9),
+            p95: q(0.95),
+            p99: q(0.99),
+            p999: q(0.999),
+            max: q(1.0),
+        }
+    }
+}
+
+/// One backend of the compared service in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendResult {
+    /// Pod name.
+    pub pod: String,
+    /// Pod address.
+    pub address: String,
+    /// Successful requests it served.
+    pub requests: u64,
+    /// Its share of the successful requests.
+    pub share: f64,
+    /// p95 of the requests it served, ms.
+    pub p95_ms: f64,
+    /// Most requests in flight to it at once, as the client saw them (each
+    /// on its own upstream connection: the active connections users compare).
+    pub peak_active: u32,
+}
+
+/// One second of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Second {
+    /// Seconds from the start.
+    pub t: u32,
+    /// Requests sent in that second that completed.
+    pub requests: u64,
+    /// Of which failed.
+    pub errors: u64,
+    /// Their p95, ms.
+    pub p95_ms: f64,
+    /// Successful requests per backend.
+    pub served: Vec<u64>,
+    /// Most requests in flight per backend during that second.
+    pub active: Vec<u32>,
+}
+
+/// Everything one policy's run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// Policy name.
+    pub policy: String,
+    /// `minimesh`, `nginx` or `haproxy`.
+    pub kind: &'static str,
+    /// Requests completed.
+    pub requests: u64,
+    /// Failed requests (non-2xx, transport error, timeout).
+    pub errors: u64,
+    /// Failures by status; 0 = transport error or timeout.
+    pub errors_by_status: BTreeMap<u16, u64>,
+    /// Failures by reason (`x-minimesh-error`, transport error, timeout).
+    pub errors_by_reason: BTreeMap<String, u64>,
+    /// Requests per second over the load.
+    pub rps: f64,
+    /// Latency of every request, failed ones included (as k6's http_req_duration).
+    pub latency_ms: Latency,
+    /// Per backend.
+    pub backends: Vec<BackendResult>,
+    /// Successful responses whose backend could not be named.
+    pub unattributed: u64,
+    /// Mean time a pick took in the proxies that called the service, ns.
+    pub pick_ns: Option<f64>,
+    /// Injected failures.
+    pub events: Vec<EventRecord>,
+    /// Per second.
+    pub timeline: Vec<Second>,
+}
+
+impl RunResult {
+    /// Folds the samples and observations of one run.
+    pub fn new(
+        policy: &str,
+        scenario: &Scenario,
+        kind: &'static str,
+        (samples, errors_by_reason): (Vec<Sample>, BTreeMap<String, u64>),
+        pods: &[Pod],
+        events: Vec<EventRecord>,
+        pick_ns: Option<f64>,
+    ) -> RunResult {
+        let ok = |s: &Sample| (200..300).contains(&s.status);
+        let n = pods.len();
+        let mut errors_by_status = BTreeMap::new();
+        let mut per_backend: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut unattributed = 0;
+        for s in &samples {
+            if !ok(s) {
+                *errors_by_status.entry(s.status).or_insert(0u64) += 1;
+            } else if s.backend == UNKNOWN || s.backend as usize >= n {
+                unattributed += 1;
+            } else {
+                per_backend[s.backend as usize].push(s.latency_us);
+            }
+        }
+        let served: u64 = per_backend.iter().map(|v| v.len() as u64).sum();
+        let secs = scenario.duration.as_secs_f64().ceil().max(1.0) as usize;
+        let (peak, active) = active_from(&samples, n, secs);
+        let backends = pods
+            .iter()
+            .zip(per_backend)
+            .zip(&peak)
+            .map(|((pod, lat), peak)| BackendResult {
+                pod: pod.name.clone(),
+                address: pod.ip.to_string(),
+                requests: lat.len() as u64,
+                share: lat.len() as f64 / served.max(1) as f64,
+                p95_ms: Latency::of(lat).p95,
+                peak_active: *peak,
+            })
+            .collect();
+        let mut timeline: Vec<Second> = active
+            .into_iter()
+            .enumerate()
+            .map(|(t, active)| Second {
+                t: t as u32,
+                requests: 0,
+                errors: 0,
+                p95_ms: 0.0,
+                served: vec![0; n],
+                active,
+            })
+            .collect();
+        let mut lat_by_sec: Vec<Vec<u32>> = vec![Vec::new(); secs];
+        for s in &samples {
+            let t = (s.start_ms / 1000) as usize;
+            let Some(sec) = timeline.get_mut(t) else {
+                continue;
+            };
+            sec.requests += 1;
+            if !ok(s) {
+                sec.errors += 1;
+            } else if (s.backend as usize) < n {
+                sec.served[s.backend as usize] += 1;
+            }
+            lat_by_sec[t].push(s.latency_us);
+        }
+        for (sec, lat) in timeline.iter_mut().zip(lat_by_sec) {
+            sec.p95_ms = Latency::of(lat).p95;
+        }
+        let requests = samples.len() as u64;
+        let errors = errors_by_status.values().sum();
+        RunResult {
+            policy: policy.to_string(),
+            kind,
+            requests,
+            errors,
+            errors_by_status,
+            errors_by_reason,
+            rps: requests as f64 / scenario.duration.as_secs_f64().max(1e-9),
+            latency_ms: Latency::of(samples.iter().map(|s| s.latency_us).collect()),
+            backends,
+            unattributed,
+            pick_ns,
+            events,
+            timeline,
+        }
+    }
+}
+
+/// Requests in flight per backend as the client saw them, from the
+/// samples: the peak over the run and the peak within each second. Every
+/// request holds its own upstream connection while in flight, so these are
+/// the active connections per server users compare balancers by.
+fn active_from(samples: &[Sample], n: usize, secs: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let mut edges: Vec<(u64, i32, usize)> = Vec::with_capacity(samples.len() * 2);
+    for s in samples {
+        if (s.backend as usize) < n {
+            let start = u64::from(s.start_ms) * 1000;
+            edges.push((start, 1, s.backend as usize));
+            edges.push((start + u64::from(s.latency_us), -1, s.backend as usize));
+        }
+    }
+    // Ends before starts at the same instant.
+    edges.sort_unstable();
+    let mut level = vec![0i64; n];
+    let mut peak = vec![0u32; n];
+    let mut per_sec = vec![vec![0u32; n]; secs];
+    let mut sec = 0usize;
+    for (t, d, b) in edges {
+        let now = (t / 1_000_000) as usize;
+        while sec < now.min(secs) {
+            // Seconds crossed carry the level they started with.
+            sec += 1;
+            if let Some(row) = per_sec.get_mut(sec) {
+                for (m, l) in row.iter_mut().zip(&level) {
+                    *m = (*m).max(*l as u32);
+                }
+            }
+        }
+        level[b] += i64::from(d);
+        let l = level[b].max(0) as u32;
+        peak[b] = peak[b].max(l);
+        if let Some(row) = per_sec.get_mut(now) {
+            row[b] = row[b].max(l);
+        }
+    }
+    (peak, per_sec)
+}
+
+/// Mean pick duration (ns) for `cluster` over every proxy's
+/// `minimesh_pick_duration_seconds` histogram.
+pub async fn pick_ns(proxies: &[String], cluster: &str) -> Option<f64> {
+    let (mut sum, mut count) = (0.0, 0.0);
+    let label = format!("cluster=\"{cluster}\"");
+    for p in proxies {
+        let Ok((200, text)) = crate::http::get(p, "/metrics").await else {
+            continue;
+        };
+        for line in text.lines().filter(|l| l.contains(&label)) {
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            if line.starts_with("minimesh_pick_duration_seconds_sum{") {
+                sum += value.unwrap_or(0.0);
+            } else if line.starts_with("minimesh_pick_duration_seconds_count{") {
+                count += value.unwrap_or(0.0);
+            }
+        }
+    }
+    (count > 0.0).then(|| sum / count * 1e9)
+}
+
+fn dots(name: &str) -> String {
+    format!("{name}{}", ".".repeat(32usize.saturating_sub(name.len())))
+}
+
+fn ms(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.2}s", v / 1000.0)
+    } else {
+        format!("{v:.1}ms")
+    }
+}
+
+/// A k6-style end-of-test summary of one run.
+pub fn k6_summary(scenario: &Scenario, r: &RunResult) -> String {
+    let mut s = String::new();
+    let l = &r.latency_ms;
+    let _ = writeln!(s, "\n  scenario: {}  policy: {}", scenario.name, r.policy);
+    let _ = writeln!(
+        s,
+        "     {}: {:<8} {:.1}/s",
+        dots("http_reqs"),
+        r.requests,
+        r.rps
+    );
+    let _ = writeln!(
+        s,
+        "     {}: {:.2}%  {} out of {}{}",
+        dots("http_req_failed"),
+        r.errors as f64 * 100.0 / r.requests.max(1) as f64,
+        r.errors,
+        r.requests,
+        if r.errors_by_status.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  by status (0 = transport/timeout): {:?}",
+                r.errors_by_status
+            )
+        }
+    );
+    let _ = writeln!(
+        s,
+        "     {}: avg={} min={} med={} max={} p(90)={} p(95)={} p(99)={}",
+        dots("http_req_duration"),
+        ms(l.avg),
+        ms(l.min),
+        ms(l.med),
+        ms(l.max),
+        ms(l.p90),
+        ms(l.p95),
+        ms(l.p99)
+    );
+    for (why, n) in &r.errors_by_reason {
+        let _ = writeln!(s, "     {}: {n:<6} {why}", dots("  failed because"));
+    }
+    if let Some(p) = r.pick_ns {
+        let _ = writeln!(s, "     {}: avg={p:.0}ns", dots("pick_duration"));
+    }
+    for b in &r.backends {
+        let _ = writeln!(
+            s,
+            "     {}: share {:>5.1}%  requests {:<7} p(95)={:<9} peak active {}",
+            dots(&format!("backend {}", b.pod)),
+            b.share * 100.0,
+            b.requests,
+            ms(b.p95_ms),
+            b.peak_active
+        );
+    }
+    for e in &r.events {
+        let _ = writeln!(
+            s,
+            "     {}: {} {} at {:.1}s{}",
+            dots("event"),
+            e.action,
+            e.pod,
+            e.at_s,
+            if e.done { "" } else { " (FAILED to deliver)" }
+        );
+    }
+    s
+}
+
+/// The runs of a scenario side by side.
+pub fn side_by_side(scenario: &Scenario, runs: &[RunResult]) -> String {
+    let mut s = String::new();
+    let pods: Vec<String> = runs
+        .first()
+        .map(|r| r.backends.iter().map(|b| b.pod.clone()).collect())
+        .unwrap_or_default();
+    let _ = writeln!(s, "\n{} — {}", scenario.name, scenario.description);
+    let _ = writeln!(
+        s,
+        "{:<32} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<16} {:<16} {:>7}",
+        "policy",
+        "requests",
+        "rps",
+        "failed",
+        "avg",
+        "med",
+        "p90",
+        "p95",
+        "p99",
+        "max",
+        "share %",
+        "peak active",
+        "pick"
+    );
+    for r in runs {
+        let l = &r.latency_ms;
+        let share: Vec<String> = r
+            .backends
+            .iter()
+            .map(|b| format!("{:.0}", b.share * 100.0))
+            .collect();
+        let peak: Vec<String> = r
+            .backends
+            .iter()
+            .map(|b| b.peak_active.to_string())
+            .collect();
+        let _ = writeln!(
+            s,
+            "{:<32} {:>9} {:>8.1} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<16} {:<16} {:>7}",
+            r.policy,
+            r.requests,
+            r.rps,
+            r.errors,
+            ms(l.avg),
+            ms(l.med),
+            ms(l.p90),
+            ms(l.p95),
+            ms(l.p99),
+            ms(l.max),
+            share.join("/"),
+            peak.join("/"),
+            r.pick_ns.map_or("-".into(), |p| format!("{p:.0}ns"))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(shares and peak active per backend: {})",
+        pods.join(", ")
+    );
+    s
+}
+
+/// The machine-readable results.
+pub fn json(scenario: &Scenario, scale: f64, runs: &[RunResult]) -> serde_json::Value {
+    json!({
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "file": scenario.file.display().to_string(),
+        "scale": scale,
+        "duration_s": scenario.duration.as_secs_f64(),
+        "peak_users": scenario.peak_users(),
+        "load_generator": "built-in",
+        "runs": runs,
+    })
+}
+
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A line chart of `series` (name, one value per second).
+fn chart(title: &str, unit: &str, series: &[(String, Vec<f64>)]) -> String {
+    let (w, h, pad) = (640.0, 200.0, 40.0);
+    let len = series
+        .iter()
+        .map(|(_, v)| v.len())
+        .max()
+        .unwrap_or(0)
+        .max(2);
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let mut s = format!(
+        "<figure><figcaption>{}</figcaption><svg viewBox=\"0 0 {w} {}\" width=\"{w}\" height=\"{}\" role=\"img\">",
+        escape(title),
+        h + 20.0,
+        h + 20.0
+    );
+    let _ = write!(
+        s,
+        "<line x1=\"{pad}\" y1=\"{h}\" x2=\"{w}\" y2=\"{h}\" stroke=\"#999\"/><line x1=\"{pad}\" y1=\"0\" x2=\"{pad}\" y2=\"{h}\" stroke=\"#999\"/>\
+         <text x=\"2\" y=\"12\" font-size=\"10\">{max:.0}{unit}</text><text x=\"2\" y=\"{h}\" font-size=\"10\">0</text>\
+         <text x=\"{}\" y=\"{}\" font-size=\"10\">{}s</text>",
+        w - 30.0,
+        h + 14.0,
+        len - 1
+    );
+    for (i, (name, v)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let points: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(x, y)| {
+                format!(
+                    "{:.1},{:.1}",
+                    pad + (w - pad) * x as f64 / (len - 1) as f64,
+                    h - h * y / max
+                )
+            })
+            .collect();
+        let _ = write!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\
+             <text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{color}\">{}</text>",
+            points.join(" "),
+            pad + 8.0,
+            14.0 + 13.0 * i as f64,
+            escape(name)
+        );
+    }
+    s.push_str("</svg></figure>");
+    s
+}
+
+/// The HTML report: the table, then per run latency, share and active
+/// requests per backend over time. One file, no scripts, opens offline.
+pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
+    let mut s = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>minimesh bench: {0}</title>\
+         <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f4f4f4}}\
+         td:first-child{{text-align:left}}figure{{display:inline-block;margin:0 1em 1em 0}}\
+         figcaption{{font-size:13px;font-weight:bold}}section{{border-top:1px solid #ddd;margin-top:1em}}</style>\
+         </head><body><h1>minimesh bench: {0}</h1><p>{1}</p>",
+        escape(&scenario.name),
+        escape(&scenario.description)
+    );
+    s.push_str("<table><tr><th>policy</th><th>requests</th><th>RPS</th><th>failed</th><th>avg ms</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th><th>share per backend %</th><th>peak active per backend</th><th>pick ns</th></tr>");
+    for r in runs {
+        let l = &r.latency_ms;
+        let share: Vec<String> = r
+            .backends
+            .iter()
+            .map(|b| format!("{:.0}", b.share * 100.0))
+            .collect();
+        let peak: Vec<String> = r
+            .backends
+            .iter()
+            .map(|b| b.peak_active.to_string())
+            .collect();
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&r.policy),
+            r.requests,
+            r.rps,
+            r.errors,
+            l.avg,
+            l.med,
+            l.p90,
+            l.p95,
+            l.p99,
+            l.max,
+            share.join(" / "),
+            peak.join(" / "),
+            r.pick_ns.map_or("-".into(), |p| format!("{p:.0}"))
+        );
+    }
+    s.push_str("</table>");
+    if let Some(r) = runs.first() {
+        let pods: Vec<&str> = r.backends.iter().map(|b| b.pod.as_str()).collect();
+        let _ = write!(s, "<p>Backends: {}</p>", escape(&pods.join(", ")));
+    }
+    for r in runs {
+        let _ = write!(s, "<section><h2>{}</h2>", escape(&r.policy));
+        if !r.events.is_empty() {
+            let ev: Vec<String> = r
+                .events
+                .iter()
+                .map(|e| format!("{} {} at {:.1}s", e.action, e.pod, e.at_s))
+                .collect();
+            let _ = write!(s, "<p>Events: {}</p>", escape(&ev.join("; ")));
+        }
+        s.push_str(&chart(
+            "latency p95 per second",
+            "ms",
+            &[("p95".into(), r.timeline.iter().map(|t| t.p95_ms).collect())],
+        ));
+        s.push_str(&chart(
+            "requests and errors per second",
+            "/s",
+            &[
+                (
+                    "requests".into(),
+                    r.timeline.iter().map(|t| t.requests as f64).collect(),
+                ),
+                (
+                    "errors".into(),
+                    r.timeline.iter().map(|t| t.errors as f64).collect(),
+                ),
+            ],
+        ));
+        let per_backend = |f: &dyn Fn(&Second, usize) -> f64| -> Vec<(String, Vec<f64>)> {
+            r.backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (b.pod.clone(), r.timeline.iter().map(|t| f(t, i)).collect()))
+                .collect()
+        };
+        s.push_str(&chart(
+            "share per backend (requests served per second)",
+            "/s",
+            &per_backend(&|t, i| t.served.get(i).copied().unwrap_or(0) as f64),
+        ));
+        s.push_str(&chart(
+            "active requests (connections) per backend",
+            "",
+            &per_backend(&|t, i| t.active.get(i).copied().unwrap_or(0) as f64),
+        ));
+        s.push_str("</section>");
+    }
+    s.push_str("</body></html>\n");
+    s
+}

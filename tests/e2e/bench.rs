@@ -1,0 +1,169 @@
+//! `minimesh bench` on every shipped scenario at a small scale: it
+//! completes, every policy reports, the failure event happened, and in
+//! lb-lab-failure no request is lost.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::harness::*;
+
+/// Runs one scenario; returns its results.json.
+fn bench(net: &Net, scenario: &str, scale: &str, extra: &[&str]) -> serde_json::Value {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/bench")
+        .join(format!("{scenario}.yaml"));
+    let out = net.dir.join("bench");
+    let output = Command::new(bin("minimesh"))
+        .arg("--home")
+        .arg(net.dir.join("home"))
+        .arg("bench")
+        .arg(&file)
+        .args(["--scale", scale])
+        .arg("--out")
+        .arg(&out)
+        .args(["--network", &net.ip(0).to_string()])
+        .args(["--ingress", &net.addr(252, 30000).to_string()])
+        .args(extra)
+        .output()
+        .expect("minimesh bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{scenario}: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dir = out.join(scenario);
+    for f in ["summary.txt", "report.html"] {
+        assert!(dir.join(f).is_file(), "{scenario}: no {f}");
+    }
+    let text = std::fs::read_to_string(dir.join("results.json")).expect("results.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    eprintln!("{stdout}");
+    v
+}
+
+fn scenario_policies(scenario: &str) -> usize {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/bench")
+        .join(format!("{scenario}.yaml"));
+    let text = std::fs::read_to_string(file).expect("scenario");
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("- name:"))
+        .count()
+}
+
+fn check_runs(scenario: &str, v: &serde_json::Value, backends: usize) {
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), scenario_policies(scenario), "{scenario}: {v:#}");
+    for r in runs {
+        let policy = r["policy"].as_str().unwrap_or("?");
+        assert!(
+            r["requests"].as_u64().unwrap_or(0) > 20,
+            "{scenario}/{policy}: too few requests: {r:#}"
+        );
+        let b = r["backends"].as_array().expect("backends");
+        assert_eq!(b.len(), backends, "{scenario}/{policy}");
+        let served: u64 = b.iter().map(|b| b["requests"].as_u64().unwrap_or(0)).sum();
+        assert!(served > 0, "{scenario}/{policy}: no backend named: {r:#}");
+        assert!(r["latency_ms"]["p95"].as_f64().unwrap_or(0.0) > 0.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_scenario_runs_at_a_small_scale() {
+    let net = Net::new(85);
+    for (scenario, scale, backends) in [
+        ("lb-lab-steady", "0.05", 4),
+        ("lb-lab-burst", "0.03", 4),
+        ("istio-slow-replica", "0.05", 3),
+        ("capacity-ramp", "0.01", 3),
+    ] {
+        let v = bench(&net, scenario, scale, &[]);
+        check_runs(scenario, &v, backends);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lb_lab_failure_loses_no_request_under_any_policy() {
+    // The 50 ms server is killed mid-run; the published runs lost 3 to 345
+    // requests, most after 10 s timeouts.
+    let net = Net::new(87);
+    let v = bench(&net, "lb-lab-failure", "0.05", &[]);
+    check_runs("lb-lab-failure", &v, 4);
+    for r in v["runs"].as_array().expect("runs") {
+        let policy = r["policy"].as_str().unwrap_or("?");
+        let events = r["events"].as_array().expect("events");
+        assert_eq!(events.len(), 1, "{policy}: {r:#}");
+        assert_eq!(events[0]["action"], "kill");
+        assert_eq!(events[0]["pod"], "s1-50ms-0");
+        assert_eq!(
+            events[0]["done"], true,
+            "{policy}: the kill was not delivered"
+        );
+        assert!(
+            r["backends"][0]["requests"].as_u64().unwrap_or(0) > 0,
+            "{policy}: s1 served nothing before its death"
+        );
+        assert_eq!(
+            r["errors"].as_u64(),
+            Some(0),
+            "{policy}: requests lost: {}",
+            r["errors_by_reason"]
+        );
+        // From the second after the kill, the dead server serves nothing.
+        let at = events[0]["at_s"].as_f64().unwrap_or(0.0).ceil() as usize + 1;
+        let timeline = r["timeline"].as_array().expect("timeline");
+        for sec in &timeline[at.min(timeline.len())..] {
+            assert_eq!(
+                sec["served"][0], 0,
+                "{policy}: s1 served after its death: {sec}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_scenarios_are_refused_with_file_field_and_reason() {
+    let net = Net::new(86);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bench");
+    let topology = dir.join("lb-lab.topology.yaml");
+    let cases = [
+        (
+            "load: {virtualUsers: {stages: [{duration: 10x, target: 5}]}}\n  policies: [{name: a, trafficPolicy: {}}]",
+            "spec.load.virtualUsers.stages[0].duration: \"10x\" has unknown unit \"x\" (use ms, s, m or h)",
+        ),
+        (
+            "load: {virtualUsers: {stages: [{duration: 10s, target: 5}]}}\n  events: [{at: 5s, action: kill, pod: nope-0}]\n  policies: [{name: a, trafficPolicy: {}}]",
+            "spec.events[0].pod: \"nope-0\" is not a pod of",
+        ),
+        (
+            "load: {virtualUsers: {stages: [{duration: 10s, target: 5}]}}\n  policies: [{name: bad, trafficPolicy: {loadBalancer: {simple: ROUND_ROBBIN}}}]",
+            "spec.policies[0] (bad): DestinationRule lb-lab/backend-bench: spec.trafficPolicy.loadBalancer.simple: unknown variant `ROUND_ROBBIN`",
+        ),
+    ];
+    for (i, (spec, expected)) in cases.iter().enumerate() {
+        let file = net.dir.join(format!("bad-{i}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: minimesh.io/v1alpha1\nkind: BenchScenario\nmetadata: {{name: bad}}\nspec:\n  topology: {}\n  service: backend\n  {spec}\n",
+                topology.display()
+            ),
+        )
+        .expect("write");
+        let out = Command::new(bin("minimesh"))
+            .arg("--home")
+            .arg(net.dir.join("home"))
+            .arg("bench")
+            .arg(&file)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} was accepted");
+        assert!(
+            err.contains(&format!("{}", file.display())) && err.contains(expected),
+            "case {i}: {err}"
+        );
+    }
+}
