@@ -4,7 +4,9 @@
 //! injected on time; then k6-style summaries, a side-by-side table, JSON and
 //! an HTML report.
 
+pub mod control_plane;
 pub mod drive;
+pub mod overhead;
 pub mod peers;
 pub mod report;
 pub mod scenario;
@@ -28,7 +30,9 @@ use scenario::{Action, Scenario};
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Scenario file, or the name of a shipped one (`examples/bench/NAME.yaml`):
-    /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp.
+    /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp;
+    /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy),
+    /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N).
     pub scenario: String,
     /// Multiply every stage, duration and event time by this (0.05 runs a
     /// scenario in a twentieth of its time; think time and latencies stay).
@@ -49,6 +53,9 @@ pub struct BenchArgs {
     /// Skip the nginx and HAProxy peers even when they are installed.
     #[arg(long)]
     pub no_peers: bool,
+    /// For `control-plane`: numbers of simulated sidecars, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
+    pub sidecars: Vec<usize>,
 }
 
 /// Finds the scenario file: a path, or a shipped scenario's name.
@@ -86,6 +93,28 @@ pub fn resolve(scenario: &str) -> anyhow::Result<PathBuf> {
 
 /// `minimesh bench`.
 pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
+    if args.scenario == "overhead" && !Path::new("overhead").is_file() {
+        return overhead::run(
+            &home,
+            &args.out.join("overhead"),
+            args.scale,
+            args.no_peers,
+            args.network,
+            args.ingress,
+        )
+        .await;
+    }
+    if args.scenario == "control-plane" && !Path::new("control-plane").is_file() {
+        if let Some(n) = args.sidecars.iter().find(|n| **n == 0 || **n > 15_000) {
+            bail!("--sidecars {n}: must be between 1 and 15000 (each is a TCP connection in this process and the control plane)");
+        }
+        return control_plane::run(
+            &args.out.join("control-plane"),
+            &args.sidecars,
+            args.network,
+        )
+        .await;
+    }
     let path = resolve(&args.scenario)?;
     let scenario = Scenario::load(&path, args.scale)?;
     let known: Vec<&str> = scenario
@@ -246,9 +275,9 @@ async fn measure(
         .collect();
     proxies.extend(mesh.state.pods.iter().map(|p| p.admin().to_string()));
     let (samples, events) = drive_with_events(mesh, scenario, name, target).await;
-    let pick_ns = report::pick_ns(&proxies, &cluster).await;
+    let pick = report::pick(&proxies, &cluster).await;
     Ok(RunResult::new(
-        name, scenario, "minimesh", samples, &pods, events, pick_ns,
+        name, scenario, "minimesh", samples, &pods, events, pick,
     ))
 }
 

@@ -425,6 +425,14 @@ impl Mesh {
         Ok(())
     }
 
+    /// The process id of `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, c)| c.id())
+    }
+
     /// Kills every process and waits for them.
     pub async fn stop(mut self) {
         for (_, c) in &mut self.children {

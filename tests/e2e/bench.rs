@@ -7,8 +7,13 @@ use std::process::Command;
 
 use crate::harness::*;
 
-/// Runs one scenario; returns its results.json.
-fn bench(net: &Net, scenario: &str, scale: &str, extra: &[&str]) -> serde_json::Value {
+/// Runs one scenario; returns its results.json and what it printed.
+fn bench_output(
+    net: &Net,
+    scenario: &str,
+    scale: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples/bench")
         .join(format!("{scenario}.yaml"));
@@ -40,7 +45,12 @@ fn bench(net: &Net, scenario: &str, scale: &str, extra: &[&str]) -> serde_json::
     let text = std::fs::read_to_string(dir.join("results.json")).expect("results.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     eprintln!("{stdout}");
-    v
+    (v, stdout.into_owned())
+}
+
+/// Runs one scenario; returns its results.json.
+fn bench(net: &Net, scenario: &str, scale: &str, extra: &[&str]) -> serde_json::Value {
+    bench_output(net, scenario, scale, extra).0
 }
 
 fn scenario_policies(scenario: &str) -> usize {
@@ -79,8 +89,58 @@ async fn every_shipped_scenario_runs_at_a_small_scale() {
         ("istio-slow-replica", "0.05", 3),
         ("capacity-ramp", "0.01", 3),
     ] {
-        let v = bench(&net, scenario, scale, &[]);
+        let v = bench(&net, scenario, scale, &["--no-peers"]);
         check_runs(scenario, &v, backends);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_and_haproxy_run_beside_minimesh_when_installed() {
+    let net = Net::new(88);
+    let only = [
+        "--only",
+        "ROUND_ROBIN",
+        "--only",
+        "nginx least_conn",
+        "--only",
+        "haproxy leastconn",
+    ];
+    let (v, stdout) = bench_output(&net, "lb-lab-steady", "0.03", &only);
+    let runs = v["runs"].as_array().expect("runs");
+    let kinds: Vec<&str> = runs.iter().filter_map(|r| r["kind"].as_str()).collect();
+    let summary =
+        std::fs::read_to_string(net.dir.join("bench/lb-lab-steady/summary.txt")).expect("summary");
+    assert!(summary.contains("ROUND_ROBIN"), "{summary}");
+    for (peer, name) in [
+        ("nginx", "nginx least_conn"),
+        ("haproxy", "haproxy leastconn"),
+    ] {
+        let installed = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(peer).is_file());
+        if installed {
+            let r = runs
+                .iter()
+                .find(|r| r["policy"] == name)
+                .unwrap_or_else(|| panic!("{name} did not report: {kinds:?}"));
+            assert_eq!(r["kind"], peer);
+            assert_eq!(r["errors"].as_u64(), Some(0), "{name}: {r:#}");
+            // The apps are reached directly and name themselves.
+            let served: u64 = r["backends"]
+                .as_array()
+                .expect("backends")
+                .iter()
+                .map(|b| b["requests"].as_u64().unwrap_or(0))
+                .sum();
+            assert_eq!(served, r["requests"].as_u64().unwrap_or(0), "{name}: {r:#}");
+        } else {
+            eprintln!("{peer} is not installed here: checking that the run said so");
+            assert!(!kinds.contains(&peer));
+            assert!(
+                stdout.contains(&format!("{peer} is not installed: skipping 1 peer run(s)")),
+                "{stdout}"
+            );
+        }
     }
 }
 
@@ -89,7 +149,7 @@ async fn lb_lab_failure_loses_no_request_under_any_policy() {
     // The 50 ms server is killed mid-run; the published runs lost 3 to 345
     // requests, most after 10 s timeouts.
     let net = Net::new(87);
-    let v = bench(&net, "lb-lab-failure", "0.05", &[]);
+    let v = bench(&net, "lb-lab-failure", "0.05", &["--no-peers"]);
     check_runs("lb-lab-failure", &v, 4);
     for r in v["runs"].as_array().expect("runs") {
         let policy = r["policy"].as_str().unwrap_or("?");
@@ -166,4 +226,62 @@ async fn bad_scenarios_are_refused_with_file_field_and_reason() {
             "case {i}: {err}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overhead_and_control_plane_scale_report_their_figures() {
+    let net = Net::new(89);
+    let out = net.dir.join("bench");
+    let run = |args: &[&str]| {
+        let o = Command::new(bin("minimesh"))
+            .arg("--home")
+            .arg(net.dir.join("home"))
+            .arg("bench")
+            .args(args)
+            .arg("--out")
+            .arg(&out)
+            .args(["--network", &net.ip(0).to_string()])
+            .output()
+            .expect("runs");
+        assert!(
+            o.status.success(),
+            "{args:?}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run(&[
+        "overhead",
+        "--scale",
+        "0.1",
+        "--no-peers",
+        "--ingress",
+        &net.addr(252, 30000).to_string(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
+    )
+    .expect("JSON");
+    let paths = v["paths"].as_array().expect("paths");
+    assert_eq!(paths.len(), 3, "{v:#}");
+    for p in paths {
+        assert_eq!(p["errors"], 0, "{p}");
+        assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 100.0, "{p}");
+    }
+    // The proxies' own memory is read from /proc.
+    assert!(
+        paths[1]["peak_rss_mib"].as_f64().unwrap_or(0.0) > 1.0,
+        "{v:#}"
+    );
+
+    run(&["control-plane", "--sidecars", "200"]);
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("control-plane/control-plane.json"))
+            .expect("control-plane.json"),
+    )
+    .expect("JSON");
+    let r = &v["runs"][0];
+    assert_eq!(r["sidecars"], 200, "{v:#}");
+    assert!(r["ack_p99_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
+    assert!(r["kib_per_sidecar"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
 }

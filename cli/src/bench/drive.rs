@@ -242,7 +242,7 @@ pub async fn run(
             connections,
             jitter,
         } => {
-            fixed_rate(
+            fixed(
                 target,
                 start,
                 scenario.duration,
@@ -314,6 +314,30 @@ async fn users(
     collect(tasks).await
 }
 
+/// Closed loop without think time on `connections`: the highest rate the
+/// path reaches.
+pub async fn saturate(
+    target: Target,
+    start: Instant,
+    duration: Duration,
+    connections: u32,
+    live: Arc<Live>,
+) -> (Vec<Sample>, Reasons) {
+    let mut tasks = Vec::new();
+    for w in 0..connections {
+        let (t, l) = (target.clone(), live.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::new(w);
+            let mut out = Vec::new();
+            while start.elapsed() < duration {
+                out.push(client.sample(&t, start, true, &l).await);
+            }
+            (out, client.reasons)
+        }));
+    }
+    collect(tasks).await
+}
+
 async fn collect(
     tasks: Vec<tokio::task::JoinHandle<(Vec<Sample>, Reasons)>>,
 ) -> (Vec<Sample>, Reasons) {
@@ -330,7 +354,8 @@ async fn collect(
     (all, reasons)
 }
 
-async fn fixed_rate(
+/// fortio-like: `connections` each sending on its own schedule, `qps` in total.
+pub async fn fixed(
     target: Target,
     start: Instant,
     duration: Duration,

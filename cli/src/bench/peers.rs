@@ -54,11 +54,67 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Stops it.
-    pub async fn stop(mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+    /// Its (master) process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
+
+    /// Stops it: SIGTERM (both shut their workers down), SIGKILL after 5 s,
+    /// and any worker still left is killed too, so that none keeps the port.
+    pub async fn stop(mut self) {
+        let Some(pid) = self.child.id() else { return };
+        let workers = children_of(pid);
+        signal(pid, "TERM");
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        }
+        for w in workers {
+            signal(w, "KILL");
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // An early exit (an error, Ctrl-C): leave no worker behind.
+        if let Some(pid) = self.child.id() {
+            for w in children_of(pid) {
+                signal(w, "KILL");
+            }
+            signal(pid, "KILL");
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args(["-s", sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Processes whose parent is `pid` (nginx's workers).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<u32>().ok())
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// Settings shared by both peers, matching minimesh's defaults: 1 s connect
@@ -113,7 +169,7 @@ fn haproxy_conf(c: &PeerConfig) -> String {
         ));
     }
     format!(
-        "# Written by minimesh bench.\nglobal\n  maxconn 20000\n  nbthread 2\n\
+        "# Written by minimesh bench.\nglobal\n  maxconn 8000\n  nbthread 2\n\
          defaults\n  mode http\n  timeout connect 1s\n  timeout client 60s\n  timeout server {}s\n\
            retries 2\n  option redispatch 1\n  option http-keep-alive\n\
          frontend fe\n  bind {}\n  default_backend be\n\
@@ -139,6 +195,12 @@ pub async fn start(
         Kind::Haproxy => (dir.join("haproxy.cfg"), haproxy_conf(c)),
     };
     std::fs::write(&conf, text)?;
+    if tokio::net::TcpStream::connect(c.listen).await.is_ok() {
+        bail!(
+            "{} is already in use (a proxy left from an earlier run?); stop it and try again",
+            c.listen
+        );
+    }
     let mut check = Command::new(binary);
     let mut run = Command::new(binary);
     match kind {
@@ -177,15 +239,15 @@ pub async fn start(
     let mut peer = Peer { child };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        if tokio::net::TcpStream::connect(c.listen).await.is_ok() {
-            return Ok(peer);
-        }
         if let Ok(Some(status)) = peer.child.try_wait() {
             bail!(
                 "{} exited ({status}); see {}",
                 kind.binary(),
                 dir.join("stderr.log").display()
             );
+        }
+        if tokio::net::TcpStream::connect(c.listen).await.is_ok() {
+            return Ok(peer);
         }
         if tokio::time::Instant::now() > deadline {
             peer.stop().await;

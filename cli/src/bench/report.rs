@@ -127,8 +127,8 @@ pub struct RunResult {
     pub backends: Vec<BackendResult>,
     /// Successful responses whose backend could not be named.
     pub unattributed: u64,
-    /// Mean time a pick took in the proxies that called the service, ns.
-    pub pick_ns: Option<f64>,
+    /// Time a pick took in the proxies that called the service.
+    pub pick: Option<Pick>,
     /// Injected failures.
     pub events: Vec<EventRecord>,
     /// Per second.
@@ -144,7 +144,7 @@ impl RunResult {
         (samples, errors_by_reason): (Vec<Sample>, BTreeMap<String, u64>),
         pods: &[Pod],
         events: Vec<EventRecord>,
-        pick_ns: Option<f64>,
+        pick: Option<Pick>,
     ) -> RunResult {
         let ok = |s: &Sample| (200..300).contains(&s.status);
         let n = pods.len();
@@ -218,7 +218,7 @@ impl RunResult {
             latency_ms: Latency::of(samples.iter().map(|s| s.latency_us).collect()),
             backends,
             unattributed,
-            pick_ns,
+            pick,
             events,
             timeline,
         }
@@ -265,25 +265,72 @@ fn active_from(samples: &[Sample], n: usize, secs: usize) -> (Vec<u32>, Vec<Vec<
     (peak, per_sec)
 }
 
-/// Mean pick duration (ns) for `cluster` over every proxy's
+/// Pick durations of one run, from the proxies' histograms.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pick {
+    /// Bucket bound holding the median, ns.
+    pub p50_ns: f64,
+    /// Bucket bound holding the 99th percentile, ns (f64::INFINITY: above the last).
+    pub p99_ns: f64,
+    /// Mean, ns: includes the picks a busy machine preempted, so it is
+    /// far above the median.
+    pub mean_ns: f64,
+}
+
+/// Pick durations for `cluster` over every proxy's
 /// `minimesh_pick_duration_seconds` histogram.
-pub async fn pick_ns(proxies: &[String], cluster: &str) -> Option<f64> {
+pub async fn pick(proxies: &[String], cluster: &str) -> Option<Pick> {
     let (mut sum, mut count) = (0.0, 0.0);
+    let mut buckets: BTreeMap<u64, f64> = BTreeMap::new();
     let label = format!("cluster=\"{cluster}\"");
     for p in proxies {
         let Ok((200, text)) = crate::http::get(p, "/metrics").await else {
             continue;
         };
         for line in text.lines().filter(|l| l.contains(&label)) {
-            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            let value = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
             if line.starts_with("minimesh_pick_duration_seconds_sum{") {
-                sum += value.unwrap_or(0.0);
+                sum += value;
             } else if line.starts_with("minimesh_pick_duration_seconds_count{") {
-                count += value.unwrap_or(0.0);
+                count += value;
+            } else if line.starts_with("minimesh_pick_duration_seconds_bucket{") {
+                let le = line
+                    .split("le=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .unwrap_or("+Inf");
+                // Bounds in whole nanoseconds, +Inf last.
+                let ns = le
+                    .parse::<f64>()
+                    .map_or(u64::MAX, |s| (s * 1e9).round() as u64);
+                *buckets.entry(ns).or_default() += value;
             }
         }
     }
-    (count > 0.0).then(|| sum / count * 1e9)
+    if count <= 0.0 {
+        return None;
+    }
+    let at = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, c)| **c >= count * q)
+            .map_or(f64::INFINITY, |(ns, _)| {
+                if *ns == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    *ns as f64
+                }
+            })
+    };
+    Some(Pick {
+        p50_ns: at(0.5),
+        p99_ns: at(0.99),
+        mean_ns: sum / count * 1e9,
+    })
 }
 
 fn dots(name: &str) -> String {
@@ -341,8 +388,15 @@ pub fn k6_summary(scenario: &Scenario, r: &RunResult) -> String {
     for (why, n) in &r.errors_by_reason {
         let _ = writeln!(s, "     {}: {n:<6} {why}", dots("  failed because"));
     }
-    if let Some(p) = r.pick_ns {
-        let _ = writeln!(s, "     {}: avg={p:.0}ns", dots("pick_duration"));
+    if let Some(p) = &r.pick {
+        let _ = writeln!(
+            s,
+            "     {}: p(50)<={:.0}ns p(99)<={:.0}ns avg={:.0}ns",
+            dots("pick_duration"),
+            p.p50_ns,
+            p.p99_ns,
+            p.mean_ns
+        );
     }
     for b in &r.backends {
         let _ = writeln!(
@@ -392,7 +446,7 @@ pub fn side_by_side(scenario: &Scenario, runs: &[RunResult]) -> String {
         "max",
         "share %",
         "peak active",
-        "pick"
+        "pick p50"
     );
     for r in runs {
         let l = &r.latency_ms;
@@ -421,7 +475,9 @@ pub fn side_by_side(scenario: &Scenario, runs: &[RunResult]) -> String {
             ms(l.max),
             share.join("/"),
             peak.join("/"),
-            r.pick_ns.map_or("-".into(), |p| format!("{p:.0}ns"))
+            r.pick
+                .as_ref()
+                .map_or("-".into(), |p| format!("<={:.0}ns", p.p50_ns))
         );
     }
     let _ = writeln!(
@@ -526,7 +582,7 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
         escape(&scenario.name),
         escape(&scenario.description)
     );
-    s.push_str("<table><tr><th>policy</th><th>requests</th><th>RPS</th><th>failed</th><th>avg ms</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th><th>share per backend %</th><th>peak active per backend</th><th>pick ns</th></tr>");
+    s.push_str("<table><tr><th>policy</th><th>requests</th><th>RPS</th><th>failed</th><th>avg ms</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th><th>share per backend %</th><th>peak active per backend</th><th>pick p50 ns</th></tr>");
     for r in runs {
         let l = &r.latency_ms;
         let share: Vec<String> = r
@@ -554,7 +610,9 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
             l.max,
             share.join(" / "),
             peak.join(" / "),
-            r.pick_ns.map_or("-".into(), |p| format!("{p:.0}"))
+            r.pick
+                .as_ref()
+                .map_or("-".into(), |p| format!("&le;{:.0}", p.p50_ns))
         );
     }
     s.push_str("</table>");

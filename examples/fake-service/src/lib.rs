@@ -289,7 +289,11 @@ async fn handle(
         }
         calls.push(call);
     }
-    tokio::time::sleep(cfg.timing.sample()).await;
+    let delay = cfg.timing.sample();
+    if !delay.is_zero() {
+        // A zero sleep would still wait for the timer's next 1 ms tick.
+        tokio::time::sleep(delay).await;
+    }
     let injected =
         code == StatusCode::OK && cfg.error_rate > 0.0 && timing::uniform() < cfg.error_rate;
     if injected {

@@ -1,0 +1,326 @@
+//! `minimesh bench overhead`: what a proxy costs. A zero-latency backend is
+//! reached directly, through one sidecar (the ingress gateway straight to
+//! the app), through a sidecar pair (gateway, then the pod's inbound
+//! sidecar), and through nginx and HAProxy when installed. For each path:
+//! the latency added at a fixed 1,000 requests a second (p50, p99 over the
+//! direct path), the highest rate it reaches with 64 connections, the
+//! proxies' CPU seconds per 1,000 requests and their peak RSS (from /proc).
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::drive::{self, Live, Target};
+use super::peers;
+use crate::mesh::{Mesh, UpArgs};
+
+/// One path's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathResult {
+    /// The path.
+    pub path: String,
+    /// p50 at the fixed rate, ms.
+    pub p50_ms: f64,
+    /// p99 at the fixed rate, ms.
+    pub p99_ms: f64,
+    /// p50 added over the direct path, ms.
+    pub added_p50_ms: f64,
+    /// p99 added over the direct path, ms.
+    pub added_p99_ms: f64,
+    /// Failed requests at the fixed rate.
+    pub errors: u64,
+    /// Requests per second at saturation.
+    pub max_rps: f64,
+    /// CPU seconds the proxies used per 1,000 requests at the fixed rate.
+    pub cpu_s_per_1000: Option<f64>,
+    /// Peak RSS of the proxies, MiB.
+    pub peak_rss_mib: Option<f64>,
+}
+
+const TOPOLOGY: &str = "# Written by minimesh bench overhead.
+apiVersion: minimesh.io/v1alpha1
+kind: LocalMesh
+metadata: {name: overhead}
+spec:
+  namespace: overhead
+  network: 127.0.12.0
+  ingress:
+    listen: 127.0.12.252:30000
+    hosts: {direct.overhead: echo-direct}
+    defaultService: echo
+  services:
+  - name: echo
+    deployments:
+    - name: echo
+      env: {MESSAGE: echo}
+";
+
+/// CPU ticks (user + system) and peak RSS (kB) of `pid` and its children.
+fn usage(pid: u32) -> (u64, u64) {
+    let mut pids = vec![pid];
+    pids.extend(peers::children_of(pid));
+    let (mut ticks, mut hwm) = (0, 0);
+    for p in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of stat: 12 and 13 after ')'.
+            ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        hwm += status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    (ticks, hwm)
+}
+
+/// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+fn quantile(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
+}
+
+async fn measure(
+    name: &str,
+    target: Target,
+    pids: &[u32],
+    rate: f64,
+    duration: Duration,
+) -> PathResult {
+    // Warm the connections and the proxies' pools.
+    let live = Arc::new(Live::default());
+    let _ = drive::fixed(
+        target.clone(),
+        Instant::now(),
+        Duration::from_millis(500),
+        rate,
+        10,
+        false,
+        live.clone(),
+    )
+    .await;
+    let before: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
+    let (samples, _) = drive::fixed(
+        target.clone(),
+        Instant::now(),
+        duration,
+        rate,
+        10,
+        true,
+        live.clone(),
+    )
+    .await;
+    let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
+    let mut lat: Vec<u32> = samples.iter().map(|s| s.latency_us).collect();
+    lat.sort_unstable();
+    let errors = samples
+        .iter()
+        .filter(|s| !(200..300).contains(&s.status))
+        .count() as u64;
+    let ticks: u64 = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| a.0.saturating_sub(b.0))
+        .sum();
+    let rss: u64 = after.iter().map(|a| a.1).sum();
+    let t0 = Instant::now();
+    let (sat, _) = drive::saturate(target, t0, duration, 64, live).await;
+    let max_rps = sat.len() as f64 / t0.elapsed().as_secs_f64();
+    PathResult {
+        path: name.to_string(),
+        p50_ms: quantile(&lat, 0.5),
+        p99_ms: quantile(&lat, 0.99),
+        added_p50_ms: 0.0,
+        added_p99_ms: 0.0,
+        errors,
+        max_rps,
+        cpu_s_per_1000: (!pids.is_empty())
+            .then(|| ticks as f64 / TICKS / (samples.len().max(1) as f64 / 1000.0)),
+        peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
+    }
+}
+
+/// Runs the overhead measurement; writes `overhead.json` and `summary.txt` under `out`.
+pub async fn run(
+    home: &Path,
+    out: &Path,
+    scale: f64,
+    no_peers: bool,
+    network: Option<Ipv4Addr>,
+    ingress: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let duration = Duration::from_secs_f64((10.0 * scale).max(1.0));
+    let rate = 1000.0;
+    std::fs::create_dir_all(out)?;
+    let topology = out.join("overhead.topology.yaml");
+    std::fs::write(&topology, TOPOLOGY)?;
+    println!(
+        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; load generator: built-in"
+    );
+    let mesh = Mesh::start(
+        &home.join("bench"),
+        &UpArgs {
+            topology: topology.clone(),
+            network,
+            ingress,
+        },
+    )
+    .await?;
+    let result = paths(&mesh, out, rate, duration, no_peers).await;
+    mesh.stop().await;
+    let results = result?;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n{:<34} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>14} {:>10}",
+        "path", "p50", "p99", "+p50", "+p99", "failed", "max rps", "CPU s/1000req", "peak RSS"
+    );
+    for r in &results {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>14} {:>10}",
+            r.path,
+            r.p50_ms,
+            r.p99_ms,
+            r.added_p50_ms,
+            r.added_p99_ms,
+            r.errors,
+            r.max_rps,
+            r.cpu_s_per_1000.map_or("-".into(), |c| format!("{c:.4}")),
+            r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.1} MiB"))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(+p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc)"
+    );
+    println!("{s}");
+    std::fs::write(out.join("summary.txt"), &s)?;
+    std::fs::write(
+        out.join("overhead.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "rate": rate,
+            "duration_s": duration.as_secs_f64(),
+            "load_generator": "built-in",
+            "paths": results,
+        }))?,
+    )?;
+    println!("results: {0}/summary.txt, {0}/overhead.json", out.display());
+    Ok(())
+}
+
+async fn paths(
+    mesh: &Mesh,
+    out: &Path,
+    rate: f64,
+    duration: Duration,
+    no_peers: bool,
+) -> anyhow::Result<Vec<PathResult>> {
+    let pod = mesh.state.pods.first().context("no pod")?.clone();
+    let ingress = mesh.state.ingress.context("no ingress")?;
+    // echo-direct: the same pod's app, without its sidecar (one proxy on the path).
+    let ns = &mesh.state.namespace;
+    let direct_yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: echo-direct, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: {port}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-direct-local\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: echo-direct}}\naddressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n",
+        port = crate::mesh::APP_PORT,
+        ip = pod.ip
+    );
+    crate::mesh::write_atomic(
+        &mesh
+            .state
+            .config_dir
+            .join("services")
+            .join("echo-direct.yaml"),
+        &direct_yaml,
+    )?;
+    crate::mesh::wait_converged(&mesh.state, Duration::from_secs(10)).await?;
+    let target = |addr: SocketAddr, host: &str| Target {
+        addr,
+        host: host.to_string(),
+        path: "/".into(),
+        backends: Arc::new(vec![pod.ip]),
+        timeout: Duration::from_secs(10),
+    };
+    // The direct route must be live before it is measured.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crate::http::get(&ingress.to_string(), "/").await.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gw = mesh.pid("ingress-gateway");
+    let inbound = mesh.pid(&format!("{}.sidecar", pod.name));
+    let mut results = vec![
+        measure("direct", target(pod.app(), "echo"), &[], rate, duration).await,
+        measure(
+            "one sidecar (gateway -> app)",
+            target(ingress, "direct.overhead"),
+            &gw.into_iter().collect::<Vec<_>>(),
+            rate,
+            duration,
+        )
+        .await,
+        measure(
+            "sidecar pair (gateway -> sidecar -> app)",
+            target(ingress, "echo"),
+            &gw.into_iter().chain(inbound).collect::<Vec<_>>(),
+            rate,
+            duration,
+        )
+        .await,
+    ];
+    if !no_peers {
+        let o = pod.ip.octets();
+        let listen = SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), 30000));
+        for (kind, directives) in [
+            (peers::Kind::Nginx, ""),
+            (peers::Kind::Haproxy, "balance roundrobin"),
+        ] {
+            let Some(binary) = peers::find(kind.binary()) else {
+                println!(
+                    "  {} is not installed: skipping it (apt-get install {})",
+                    kind.binary(),
+                    kind.package()
+                );
+                continue;
+            };
+            let config = peers::PeerConfig {
+                listen,
+                servers: vec![(&pod, 1)],
+                directives,
+                timeout: Duration::from_secs(10),
+            };
+            let peer = peers::start(kind, &binary, &out.join(kind.binary()), &config).await?;
+            let pid = peer.pid();
+            let r = measure(
+                &format!("{} (-> app)", kind.binary()),
+                target(listen, "echo"),
+                &pid.into_iter().collect::<Vec<_>>(),
+                rate,
+                duration,
+            )
+            .await;
+            peer.stop().await;
+            results.push(r);
+        }
+    }
+    let (b50, b99) = (results[0].p50_ms, results[0].p99_ms);
+    for r in &mut results {
+        r.added_p50_ms = r.p50_ms - b50;
+        r.added_p99_ms = r.p99_ms - b99;
+    }
+    Ok(results)
+}
