@@ -30,11 +30,21 @@ pub fn init_tracing() {
 
 /// Runs `fut` on a multi-threaded runtime; prints `name: error` and exits 1 on failure.
 pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    block_on_threads(name, None, fut)
+}
+
+/// The same with `threads` worker threads (None: one per core).
+pub fn block_on_threads(
+    name: &str,
+    threads: Option<usize>,
+    fut: impl Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
     exit_with_parent(name);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{name}: cannot start the runtime: {e}");

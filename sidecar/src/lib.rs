@@ -93,6 +93,10 @@ pub struct Args {
     /// Upstream TCP connect timeout.
     #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub connect_timeout: Duration,
+    /// Worker threads of the proxy (default: one per core). Set it to the
+    /// pod's CPU limit where the sidecar shares a few cores with its app.
+    #[arg(long, env = "MINIMESH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// On SIGTERM, how long requests in flight may take to finish.
     #[arg(long, env = "MINIMESH_DRAIN", default_value = "5s", value_parser = duration)]
     pub drain: Duration,

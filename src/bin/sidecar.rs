@@ -5,5 +5,6 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     minimesh_cli::init_tracing();
     let args = minimesh_sidecar::Args::parse();
-    minimesh_cli::block_on("sidecar", minimesh_sidecar::run(args))
+    let threads = args.worker_threads;
+    minimesh_cli::block_on_threads("sidecar", threads, minimesh_sidecar::run(args))
 }

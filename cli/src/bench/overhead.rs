@@ -1,7 +1,8 @@
 //! `minimesh bench overhead`: what a proxy costs. A zero-latency backend is
-//! reached directly, through one sidecar (the ingress gateway straight to
-//! the app), through a sidecar pair (gateway, then the pod's inbound
-//! sidecar), and through nginx and HAProxy when installed. For each path:
+//! reached directly, through one sidecar (a client pod's sidecar straight to
+//! the app), through a sidecar pair (the client pod's sidecar, then the
+//! server pod's inbound sidecar), and through nginx and HAProxy when
+//! installed. For each path:
 //! the latency added at a fixed 1,000 requests a second (p50, p99 over the
 //! direct path), the highest rate it reaches with 64 connections, the
 //! proxies' CPU seconds per 1,000 requests and their peak RSS (from /proc).
@@ -52,13 +53,16 @@ spec:
   network: 127.0.12.0
   ingress:
     listen: 127.0.12.252:30000
-    hosts: {direct.overhead: echo-direct}
     defaultService: echo
   services:
   - name: echo
     deployments:
     - name: echo
       env: {MESSAGE: echo}
+  - name: client
+    deployments:
+    - name: client
+      env: {MESSAGE: client}
 ";
 
 /// CPU ticks (user + system) and peak RSS (kB) of `pid` and its children.
@@ -231,8 +235,22 @@ async fn paths(
     duration: Duration,
     no_peers: bool,
 ) -> anyhow::Result<Vec<PathResult>> {
-    let pod = mesh.state.pods.first().context("no pod")?.clone();
-    let ingress = mesh.state.ingress.context("no ingress")?;
+    let pod = mesh
+        .state
+        .pods
+        .iter()
+        .find(|p| p.service == "echo")
+        .context("no echo pod")?
+        .clone();
+    let client = mesh
+        .state
+        .pods
+        .iter()
+        .find(|p| p.service == "client")
+        .context("no client pod")?
+        .clone();
+    // The client pod's sidecar: what an app in that pod would call.
+    let outbound = SocketAddr::from((client.ip, crate::mesh::OUTBOUND_PORT));
     // echo-direct: the same pod's app, without its sidecar (one proxy on the path).
     let ns = &mesh.state.namespace;
     let direct_yaml = format!(
@@ -256,27 +274,25 @@ async fn paths(
         backends: Arc::new(vec![pod.ip]),
         timeout: Duration::from_secs(10),
     };
-    // The direct route must be live before it is measured.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while crate::http::get(&ingress.to_string(), "/").await.is_err() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let gw = mesh.pid("ingress-gateway");
-    let inbound = mesh.pid(&format!("{}.sidecar", pod.name));
+    let client_sidecar = mesh.pid(&format!("{}.sidecar", client.name));
+    let server_sidecar = mesh.pid(&format!("{}.sidecar", pod.name));
     let mut results = vec![
         measure("direct", target(pod.app(), "echo"), &[], rate, duration).await,
         measure(
-            "one sidecar (gateway -> app)",
-            target(ingress, "direct.overhead"),
-            &gw.into_iter().collect::<Vec<_>>(),
+            "one sidecar (-> app)",
+            target(outbound, "echo-direct"),
+            &client_sidecar.into_iter().collect::<Vec<_>>(),
             rate,
             duration,
         )
         .await,
         measure(
-            "sidecar pair (gateway -> sidecar -> app)",
-            target(ingress, "echo"),
-            &gw.into_iter().chain(inbound).collect::<Vec<_>>(),
+            "sidecar pair (-> sidecar -> app)",
+            target(outbound, "echo"),
+            &client_sidecar
+                .into_iter()
+                .chain(server_sidecar)
+                .collect::<Vec<_>>(),
             rate,
             duration,
         )
