@@ -84,7 +84,24 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
         })
         .await;
         let loader = Background::start(net.addr(100, 15001), "backend", 20);
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // The previous victim's death left its address backing off; wait
+        // until the new one takes traffic, then kill it.
+        let victim_addr = net.addr(3, 9090).to_string();
+        let served = |v: &serde_json::Value| {
+            v["clusters"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+                .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["address"] == victim_addr.as_str())
+                .map(|e| e["requests"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let before = served(&get_json(net.addr(100, 15000), "/debug/config").await);
+        wait_sidecar(net.addr(100, 15000), Duration::from_secs(15), |v| {
+            served(v) >= before + 20
+        })
+        .await;
         victim.kill(); // SIGKILL, with requests in flight on it
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let c = loader.finish().await;
