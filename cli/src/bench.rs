@@ -204,6 +204,23 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fresh mesh of the scenario's topology, for one run.
+async fn start_mesh(
+    home: &Path,
+    args: &BenchArgs,
+    scenario: &Scenario,
+    run: &str,
+) -> anyhow::Result<Mesh> {
+    let up = UpArgs {
+        topology: scenario.topology.clone(),
+        network: args.network,
+        ingress: args.ingress,
+    };
+    Mesh::start(&home.join("bench"), &up)
+        .await
+        .with_context(|| format!("starting the mesh for {run}"))
+}
+
 async fn run_policy(
     home: &Path,
     args: &BenchArgs,
@@ -212,14 +229,7 @@ async fn run_policy(
     name: &str,
     rule: &str,
 ) -> anyhow::Result<RunResult> {
-    let up = UpArgs {
-        topology: scenario.topology.clone(),
-        network: args.network,
-        ingress: args.ingress,
-    };
-    let mesh = Mesh::start(&home.join("bench"), &up)
-        .await
-        .with_context(|| format!("starting the mesh for {name}"))?;
+    let mesh = start_mesh(home, args, scenario, name).await?;
     let result = measure(&mesh, scenario, out, name, rule).await;
     mesh.stop().await;
     result
@@ -312,14 +322,7 @@ async fn run_peer(
     peer: &scenario::Peer,
     binary: &Path,
 ) -> anyhow::Result<RunResult> {
-    let up = UpArgs {
-        topology: scenario.topology.clone(),
-        network: args.network,
-        ingress: args.ingress,
-    };
-    let mesh = Mesh::start(&home.join("bench"), &up)
-        .await
-        .with_context(|| format!("starting the mesh for {}", peer.name))?;
+    let mesh = start_mesh(home, args, scenario, &peer.name).await?;
     let result = peer_run(&mesh, scenario, out, peer, binary).await;
     mesh.stop().await;
     result

@@ -136,6 +136,14 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// Share (%) and peak active requests of each backend, as table cells.
+    fn per_backend(&self) -> (Vec<String>, Vec<String>) {
+        self.backends
+            .iter()
+            .map(|b| (format!("{:.0}", b.share * 100.0), b.peak_active.to_string()))
+            .unzip()
+    }
+
     /// Folds the samples and observations of one run.
     pub fn new(
         policy: &str,
@@ -450,16 +458,7 @@ pub fn side_by_side(scenario: &Scenario, runs: &[RunResult]) -> String {
     );
     for r in runs {
         let l = &r.latency_ms;
-        let share: Vec<String> = r
-            .backends
-            .iter()
-            .map(|b| format!("{:.0}", b.share * 100.0))
-            .collect();
-        let peak: Vec<String> = r
-            .backends
-            .iter()
-            .map(|b| b.peak_active.to_string())
-            .collect();
+        let (share, peak) = r.per_backend();
         let _ = writeln!(
             s,
             "{:<32} {:>9} {:>8.1} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<16} {:<16} {:>7}",
@@ -585,16 +584,7 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
     s.push_str("<table><tr><th>policy</th><th>requests</th><th>RPS</th><th>failed</th><th>avg ms</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th><th>share per backend %</th><th>peak active per backend</th><th>pick p50 ns</th></tr>");
     for r in runs {
         let l = &r.latency_ms;
-        let share: Vec<String> = r
-            .backends
-            .iter()
-            .map(|b| format!("{:.0}", b.share * 100.0))
-            .collect();
-        let peak: Vec<String> = r
-            .backends
-            .iter()
-            .map(|b| b.peak_active.to_string())
-            .collect();
+        let (share, peak) = r.per_backend();
         let _ = write!(
             s,
             "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
