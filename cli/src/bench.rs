@@ -468,6 +468,20 @@ async fn progress(
     }
 }
 
+/// Prints `summary`, then writes it to `out/summary.txt` and `json` to `out/json_name`.
+fn save(
+    out: &Path,
+    summary: &str,
+    json_name: &str,
+    json: &serde_json::Value,
+) -> anyhow::Result<()> {
+    println!("{summary}");
+    std::fs::write(out.join("summary.txt"), summary)?;
+    std::fs::write(out.join(json_name), serde_json::to_string_pretty(json)?)?;
+    println!("results: {0}/summary.txt, {0}/{json_name}", out.display());
+    Ok(())
+}
+
 fn slug(name: &str) -> String {
     name.chars()
         .map(|c| {
@@ -478,12 +492,4 @@ fn slug(name: &str) -> String {
             }
         })
         .collect()
-}
-
-/// A uniform number in [0, 1), for jitter.
-pub fn rand_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }

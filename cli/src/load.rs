@@ -122,7 +122,7 @@ pub async fn run(spec: &LoadSpec, classify: fn(&[u8]) -> Option<String>) -> Load
                 }
                 k += 1;
                 let factor = if spec.jitter {
-                    0.9 + 0.2 * crate_rand()
+                    0.9 + 0.2 * rand_unit()
                 } else {
                     1.0
                 };
@@ -152,7 +152,8 @@ pub async fn run(spec: &LoadSpec, classify: fn(&[u8]) -> Option<String>) -> Load
     r
 }
 
-fn crate_rand() -> f64 {
+/// A uniform number in [0, 1), for jitter.
+pub fn rand_unit() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(Instant::now().elapsed().as_nanos() as u64);

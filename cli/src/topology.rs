@@ -27,7 +27,7 @@ pub struct Topology {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
-    /// Mesh name.
+    /// Name of the mesh (or of a bench scenario, which shares this header).
     pub name: String,
 }
 

@@ -140,6 +140,13 @@ impl EndpointState {
         self.counters
             .connect_failures
             .fetch_add(1, Ordering::Relaxed);
+        self.back_off();
+    }
+
+    /// Skips the endpoint for the current backoff (250 ms, doubling on each
+    /// consecutive failure): a refused connection, a timed-out attempt, or
+    /// its own sidecar reporting its app unreachable.
+    pub fn back_off(&self) {
         if self.is_failing() {
             // Requests that raced onto the same outage: one failure, not many,
             // or the backoff would reach its maximum within one outage.

@@ -276,11 +276,11 @@ async fn forward(
         }
     };
     cluster.budget.on_request();
-    let mut _retrying: Option<InflightGuard> = None;
+    let mut retry_slot: Option<InflightGuard> = None;
     for attempt in 0..attempts {
-        if attempt > 0 && _retrying.is_none() {
+        if attempt > 0 && retry_slot.is_none() {
             match admit_retry(cluster) {
-                Ok(g) => _retrying = g,
+                Ok(g) => retry_slot = g,
                 Err(max) => {
                     let mut r = local(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -385,7 +385,7 @@ async fn forward(
                 // flight (502: the app died mid-request): try another endpoint,
                 // and skip this one for a while as if it had refused the
                 // connection, or every request would pay a retry.
-                ep.mark_connect_failure();
+                ep.back_off();
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!(
                     "{} answered {}: {}",

@@ -289,15 +289,10 @@ pub async fn run(out: &Path, sidecars: &[usize], network: Option<Ipv4Addr>) -> a
             r.ack_max_ms
         );
     }
-    println!("{s}");
-    std::fs::write(out.join("summary.txt"), &s)?;
-    std::fs::write(
-        out.join("control-plane.json"),
-        serde_json::to_string_pretty(&serde_json::json!({"runs": results}))?,
-    )?;
-    println!(
-        "results: {0}/summary.txt, {0}/control-plane.json",
-        out.display()
-    );
-    Ok(())
+    super::save(
+        out,
+        &s,
+        "control-plane.json",
+        &serde_json::json!({"runs": results}),
+    )
 }

@@ -382,7 +382,7 @@ pub async fn fixed(
                 out.push(client.sample(&t, start, true, &l).await);
                 k += 1;
                 let factor = if jitter {
-                    0.9 + 0.2 * super::rand_unit()
+                    0.9 + 0.2 * crate::load::rand_unit()
                 } else {
                     1.0
                 };

@@ -92,13 +92,6 @@ fn usage(pid: u32) -> (u64, u64) {
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
 const TICKS: f64 = 100.0;
 
-fn quantile(sorted: &[u32], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
-}
-
 async fn measure(
     name: &str,
     target: Target,
@@ -130,8 +123,7 @@ async fn measure(
     )
     .await;
     let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-    let mut lat: Vec<u32> = samples.iter().map(|s| s.latency_us).collect();
-    lat.sort_unstable();
+    let lat = super::report::Latency::of(samples.iter().map(|s| s.latency_us).collect());
     let errors = samples
         .iter()
         .filter(|s| !(200..300).contains(&s.status))
@@ -147,8 +139,8 @@ async fn measure(
     let max_rps = sat.len() as f64 / t0.elapsed().as_secs_f64();
     PathResult {
         path: name.to_string(),
-        p50_ms: quantile(&lat, 0.5),
-        p99_ms: quantile(&lat, 0.99),
+        p50_ms: lat.med,
+        p99_ms: lat.p99,
         added_p50_ms: 0.0,
         added_p99_ms: 0.0,
         errors,
@@ -213,19 +205,17 @@ pub async fn run(
         s,
         "(+p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc)"
     );
-    println!("{s}");
-    std::fs::write(out.join("summary.txt"), &s)?;
-    std::fs::write(
-        out.join("overhead.json"),
-        serde_json::to_string_pretty(&serde_json::json!({
+    super::save(
+        out,
+        &s,
+        "overhead.json",
+        &serde_json::json!({
             "rate": rate,
             "duration_s": duration.as_secs_f64(),
             "load_generator": "built-in",
             "paths": results,
-        }))?,
-    )?;
-    println!("results: {0}/summary.txt, {0}/overhead.json", out.display());
-    Ok(())
+        }),
+    )
 }
 
 async fn paths(

@@ -49,7 +49,8 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn of(mut us: Vec<u32>) -> Latency {
+    /// Figures of latencies in microseconds.
+    pub fn of(mut us: Vec<u32>) -> Latency {
         if us.is_empty() {
             return Latency::default();
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde::Deserialize;
 
-use crate::topology::Topology;
+use crate::topology::{Metadata, Topology};
 
 /// A scenario document.
 #[derive(Debug, Clone, Deserialize)]
@@ -19,18 +19,10 @@ pub struct ScenarioFile {
     pub api_version: String,
     /// `BenchScenario`.
     pub kind: String,
-    /// Name of the scenario.
+    /// Name of the scenario (the report's title and directory).
     pub metadata: Metadata,
     /// What to run.
     pub spec: Spec,
-}
-
-/// Scenario metadata.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Metadata {
-    /// Scenario name (the report's title and directory).
-    pub name: String,
 }
 
 /// `spec` of a scenario.
