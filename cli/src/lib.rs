@@ -116,6 +116,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Run a load-balancing experiment (a scenario file) for every policy it lists.
     Bench(bench::BenchArgs),
+    /// Print the CustomResourceDefinitions (YAML) to install on Kubernetes, generated from the Rust types.
+    Crds,
 }
 
 /// Entry point of the `minimesh` binary.
@@ -123,7 +125,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Apply(_) | Command::Get(_) | Command::Top(_)
+        Command::Apply(_) | Command::Get(_) | Command::Top(_) | Command::Crds
     ) {
         init_tracing_quiet();
     }
@@ -135,6 +137,10 @@ pub fn main() -> ExitCode {
         Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
         Command::Top(a) => block_on("minimesh top", top::run(home, a)),
         Command::Bench(a) => block_on("minimesh bench", bench::run(home, a)),
+        Command::Crds => {
+            print!("{}", minimesh_control_plane::config::crd::crd_yaml());
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Admin {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Current config view.
     pub config: RwLock<Arc<ConfigView>>,
+    /// What each Kubernetes rule's status should say (read by the status writer).
+    pub status: watch::Sender<Arc<crate::source::kubernetes::status::DesiredStatus>>,
 }
 
 impl Admin {

@@ -2,6 +2,7 @@
 //! from YAML documents and validated, with errors that name the file, the
 //! object, the field path and the reason.
 
+pub mod crd;
 pub mod kube;
 pub mod parse;
 pub mod rule;

@@ -46,9 +46,29 @@ use crate::store::Store;
     about = "minimesh control plane: watches rules and endpoints, pushes config to sidecars"
 )]
 pub struct Args {
-    /// Where desired state comes from. Only `files` (a directory of YAML) is built so far.
-    #[arg(long, env = "MINIMESH_SOURCE", default_value = "files", value_parser = ["files"])]
+    /// Where desired state comes from: `files` (a directory of YAML, watched) or
+    /// `kubernetes` (the API server: in-cluster config, else KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "MINIMESH_SOURCE", default_value = "files", value_parser = ["files", "kubernetes"])]
     pub source: String,
+    /// Kubernetes: name of the Lease that elects the replica writing rule status.
+    #[arg(
+        long,
+        env = "MINIMESH_LEASE_NAME",
+        default_value = "minimesh-control-plane"
+    )]
+    pub lease_name: String,
+    /// Kubernetes: namespace of that Lease (the control plane's own; the Downward API sets POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "minimesh-system")]
+    pub lease_namespace: String,
+    /// Kubernetes: this replica's identity in the election (the Downward API sets POD_NAME).
+    #[arg(long, env = "POD_NAME", default_value = "control-plane")]
+    pub identity: String,
+    /// Kubernetes: a lease not renewed for this long passes to another replica.
+    #[arg(long, env = "MINIMESH_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
+    /// Kubernetes: how often the leader renews and the others check the lease.
+    #[arg(long, env = "MINIMESH_LEASE_RETRY", default_value = "2s", value_parser = duration)]
+    pub lease_retry: Duration,
     /// Directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
@@ -96,25 +116,63 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         proxies: proxies.clone(),
         snapshots: cache.subscribe(),
         config: RwLock::new(Arc::new(ConfigView::default())),
+        status: watch::Sender::new(Arc::default()),
     });
 
-    // Read everything once before serving, so that no sidecar is ever sent a
-    // half-read config.
-    let mut source = FileSource::new(&args.config_dir, &args.default_namespace);
-    if !args.config_dir.is_dir() {
-        warn!(dir = %args.config_dir.display(), "config directory does not exist (yet); serving an empty config until it does");
-    }
-    source.scan();
-    let initial = source.store();
     let la = Arc::new(LoadAwareState {
         default_interval_ms: args.load_report_interval.as_millis() as u64,
         ..Default::default()
     });
-    publish(&initial, &cache, &admin, &metrics, &la);
+    // Admin first: liveness answers while the source syncs, readiness once it has.
+    let admin_listener = admin::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding admin address {}", args.admin_addr))?;
+    tokio::spawn(admin::serve(admin_listener, admin.clone()));
 
-    let (store_tx, store_rx) = watch::channel(initial);
+    // Read everything once before serving, so that no sidecar is ever sent a
+    // half-read config.
+    let store_rx = if args.source == "kubernetes" {
+        let client = source::kubernetes::client().await?;
+        let (tx, mut rx) = watch::channel(Store::default());
+        tokio::spawn(source::kubernetes::run(client.clone(), tx));
+        info!("waiting for the first complete list of rules, Services and EndpointSlices");
+        rx.changed()
+            .await
+            .context("Kubernetes source stopped before it synced")?;
+        let initial = rx.borrow_and_update().clone();
+        publish(&initial, &cache, &admin, &metrics, &la);
+        let (leader_tx, leader_rx) = watch::channel(false);
+        tokio::spawn(source::kubernetes::lease::run(
+            client.clone(),
+            source::kubernetes::lease::LeaseConfig {
+                namespace: args.lease_namespace.clone(),
+                name: args.lease_name.clone(),
+                identity: args.identity.clone(),
+                duration: args.lease_duration,
+                retry: args.lease_retry,
+            },
+            leader_tx,
+        ));
+        tokio::spawn(source::kubernetes::status::run(
+            client,
+            admin.status.subscribe(),
+            leader_rx,
+        ));
+        rx
+    } else {
+        let mut source = FileSource::new(&args.config_dir, &args.default_namespace);
+        if !args.config_dir.is_dir() {
+            warn!(dir = %args.config_dir.display(), "config directory does not exist (yet); serving an empty config until it does");
+        }
+        source.scan();
+        let initial = source.store();
+        publish(&initial, &cache, &admin, &metrics, &la);
+        let (store_tx, store_rx) = watch::channel(initial);
+        tokio::spawn(source.run(args.poll_interval, store_tx));
+        store_rx
+    };
+
     let (weights_tx, weights_rx) = watch::channel(0u64);
-    tokio::spawn(source.run(args.poll_interval, store_tx));
     tokio::spawn(debounce(
         store_rx,
         weights_rx,
@@ -127,14 +185,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
     tokio::spawn(load_aware_loop(aggregator.clone(), la.clone(), weights_tx));
 
-    let admin_listener = admin::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("binding admin address {}", args.admin_addr))?;
-    tokio::spawn(admin::serve(admin_listener, admin.clone()));
     let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
         .await
         .with_context(|| format!("binding discovery address {}", args.xds_addr))?;
-    info!(xds = %args.xds_addr, admin = %args.admin_addr, config_dir = %args.config_dir.display(), "control plane serving");
+    info!(xds = %args.xds_addr, admin = %args.admin_addr, source = %args.source, "control plane serving");
 
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(xds_listener);
@@ -299,6 +353,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             warn!(rule = %key, reason = st.reason, "{}", st.message);
         }
     }
+    admin
+        .status
+        .send_replace(Arc::new(source::kubernetes::status::desired(
+            store, &status,
+        )));
     let rules = store
         .rules
         .iter()

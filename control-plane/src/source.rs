@@ -3,3 +3,4 @@
 //! know which source runs.
 
 pub mod files;
+pub mod kubernetes;

@@ -25,6 +25,21 @@ pub struct Store {
     pub errors: Vec<ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
     pub warnings: Vec<String>,
+    /// Every rule object the Kubernetes source sees, valid or not: what its
+    /// status is written from. Empty for the file source.
+    pub rule_objects: BTreeMap<ObjectKey, RuleObject>,
+}
+
+/// A rule object as the API server holds it now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleObject {
+    /// `apiVersion` (status is written only on minimesh's own group).
+    pub api_version: String,
+    /// `metadata.generation` of the version seen.
+    pub generation: Option<i64>,
+    /// Why this version was rejected, if it was (an older good version may
+    /// still be in force).
+    pub error: Option<ConfigError>,
 }
 
 impl Store {

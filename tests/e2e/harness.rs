@@ -155,9 +155,14 @@ impl Net {
 
     /// Starts a sidecar at .host (outbound :15001, admin :15000) and waits for config.
     pub async fn sidecar(&self, host: u8, extra: &[&str]) -> Proc {
+        self.sidecar_of(host, self.cp_xds(), extra).await
+    }
+
+    /// The same, connected to the control plane at `xds`.
+    pub async fn sidecar_of(&self, host: u8, xds: SocketAddr, extra: &[&str]) -> Proc {
         let mut args = vec![
             "--xds-addr".to_string(),
-            format!("http://{}", self.cp_xds()),
+            format!("http://{xds}"),
             "--workload".into(),
             format!("client-{host}"),
             "--namespace".into(),

@@ -134,6 +134,19 @@ pub fn parse_documents(
     Ok(parsed)
 }
 
+/// Parses one object already decoded (from the Kubernetes API): the same
+/// checks as a document of a file, with `origin` in place of the file name.
+/// None for kinds minimesh does not read.
+pub fn parse_object(
+    origin: &Path,
+    value: serde_json::Value,
+    default_namespace: &str,
+) -> Option<Document> {
+    let mut parsed = Parsed::default();
+    parse_value(origin, 0, value, default_namespace, &mut parsed, 1);
+    parsed.documents.pop()
+}
+
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or(s).trim().to_string()
 }

@@ -7,7 +7,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use super::crd::{any_object, any_objects};
 
 use super::kube::ObjectMeta;
 
@@ -46,9 +50,34 @@ pub struct DestinationRule {
     pub spec: RuleSpec,
 }
 
-/// `spec` of a DestinationRule.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+/// `spec` of a DestinationRule. On Kubernetes it is also the spec of the
+/// `minimesh.io/v1alpha1` CRD (`crds/`), generated from these types.
+// Each print column repeats `type_ = "string"`: that is the attribute's shape.
+#[allow(clippy::duplicated_attributes)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema, CustomResource)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[kube(
+    group = "minimesh.io",
+    version = "v1alpha1",
+    kind = "DestinationRule",
+    root = "DestinationRuleResource",
+    namespaced,
+    shortname = "dr",
+    status = "super::crd::RuleStatusResource",
+    doc = "Load-balancing policy for one service: Istio's DestinationRule spec plus minimesh's extensions.",
+    printcolumn(name = "Host", type_ = "string", json_path = ".spec.host"),
+    printcolumn(name = "Policy", type_ = "string", json_path = ".status.policy"),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 pub struct RuleSpec {
     /// The service the rule applies to: `name`, `name.namespace`, or the FQDN
     /// `name.namespace.svc.cluster.local`. A short name is taken in the rule's
@@ -59,17 +88,19 @@ pub struct RuleSpec {
     pub traffic_policy: Option<TrafficPolicy>,
     /// Istio subsets: accepted, not yet used for routing (reported as a warning).
     #[serde(default)]
+    #[schemars(schema_with = "any_objects")]
     pub subsets: Vec<serde_json::Value>,
     /// Istio visibility: accepted; minimesh rules are visible mesh-wide.
     #[serde(default)]
     pub export_to: Vec<String>,
     /// Istio workload selector: accepted, not yet used (warning).
     #[serde(default)]
+    #[schemars(schema_with = "any_object")]
     pub workload_selector: Option<serde_json::Value>,
 }
 
 /// `spec.trafficPolicy`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrafficPolicy {
     /// How endpoints are picked.
@@ -83,9 +114,11 @@ pub struct TrafficPolicy {
     pub outlier_detection: Option<OutlierDetection>,
     /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
     #[serde(default)]
+    #[schemars(schema_with = "any_object")]
     pub tls: Option<serde_json::Value>,
     /// Istio per-port policies: accepted, not yet used (warning).
     #[serde(default)]
+    #[schemars(schema_with = "any_objects")]
     pub port_level_settings: Vec<serde_json::Value>,
     /// minimesh extension: active HTTP health checks.
     #[serde(default)]
@@ -99,7 +132,7 @@ pub struct TrafficPolicy {
 }
 
 /// `spec.trafficPolicy.healthCheck` (minimesh extension).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthCheck {
     /// HTTP path probed with GET; 2xx is healthy (default `/health`).
@@ -135,7 +168,7 @@ pub struct ResolvedHealthCheck {
 }
 
 /// `spec.trafficPolicy.outlierDetection`, Istio's fields and defaults.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutlierDetection {
     /// Consecutive 5xx responses that eject an endpoint (default 5; 0 = off).
@@ -174,7 +207,7 @@ pub struct Outlier {
 }
 
 /// `spec.trafficPolicy.connectionPool` (Istio).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConnectionPool {
     /// TCP settings.
@@ -186,7 +219,7 @@ pub struct ConnectionPool {
 }
 
 /// `connectionPool.tcp`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TcpPool {
     /// Connections to the service at most, per sidecar.
@@ -197,11 +230,12 @@ pub struct TcpPool {
     pub connect_timeout: Option<String>,
     /// TCP keepalive (accepted, not enforced).
     #[serde(default)]
+    #[schemars(schema_with = "any_object")]
     pub tcp_keepalive: Option<serde_json::Value>,
 }
 
 /// `connectionPool.http`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpPool {
     /// Requests waiting for a connection at most.
@@ -231,7 +265,7 @@ pub struct HttpPool {
 }
 
 /// `spec.trafficPolicy.retries` (minimesh extension).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Retries {
     /// Retries after the first attempt (default 2, at most 10).
@@ -253,7 +287,7 @@ pub struct Retries {
 }
 
 /// `spec.trafficPolicy.loadBalancer`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadBalancer {
     /// A standard policy.
@@ -264,6 +298,7 @@ pub struct LoadBalancer {
     pub consistent_hash: Option<ConsistentHash>,
     /// Istio locality settings: accepted, not yet used (warning).
     #[serde(default)]
+    #[schemars(schema_with = "any_object")]
     pub locality_lb_setting: Option<serde_json::Value>,
     /// Istio slow start, e.g. `60s`.
     #[serde(default)]
@@ -278,7 +313,7 @@ pub struct LoadBalancer {
 }
 
 /// `loadBalancer.simple` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[allow(clippy::upper_case_acronyms)]
 pub enum SimpleLb {
     /// Istio: let the proxy choose (minimesh: LEAST_REQUEST).
@@ -308,7 +343,7 @@ pub enum SimpleLb {
 }
 
 /// `loadBalancer.consistentHash`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConsistentHash {
     /// Hash on this request header.
@@ -335,7 +370,7 @@ pub struct ConsistentHash {
 }
 
 /// `consistentHash.httpCookie`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpCookie {
     /// Cookie name.
@@ -349,7 +384,7 @@ pub struct HttpCookie {
 }
 
 /// `consistentHash.ringHash`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RingHash {
     /// Minimum number of ring entries (default 1024, at most 8M).
@@ -358,7 +393,7 @@ pub struct RingHash {
 }
 
 /// `consistentHash.maglev`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Maglev {
     /// Lookup table size, a prime (default 65537).
@@ -367,7 +402,7 @@ pub struct Maglev {
 }
 
 /// `loadBalancer.warmup`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Warmup {
     /// Slow-start window, e.g. `60s`.
@@ -382,7 +417,7 @@ pub struct Warmup {
 
 /// One entry of `loadBalancer.endpointWeights`: a selector and a weight.
 /// Exactly one of `pod`, `address` or `labels` selects.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EndpointWeight {
     /// Pod name; a trailing `*` matches a prefix (`simple-backend-1-*`).

@@ -1,0 +1,183 @@
+//! The `DestinationRule` CustomResourceDefinition (`minimesh.io/v1alpha1`),
+//! generated from the Rust types of the spec (`config::rule::RuleSpec`) and
+//! of the status written here. `crds/` holds the generated YAML; regenerate
+//! it with `cargo run -- crds > crds/destinationrules.minimesh.io.yaml`
+//! (a test fails when it is stale).
+
+use kube::CustomResourceExt;
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+
+pub use super::rule::DestinationRuleResource;
+
+/// Path of the generated CRD, relative to the repository root.
+pub const CRD_PATH: &str = "crds/destinationrules.minimesh.io.yaml";
+
+/// `status` of a DestinationRule, written by the elected control plane.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleStatusResource {
+    /// The `metadata.generation` of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The policy in force for the host (`ROUND_ROBIN`, `LEAST_REQUEST`,
+    /// `RING_HASH`, `MAGLEV`, `PEAK_EWMA`, `LOAD_AWARE`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Conditions; `Accepted` says whether minimesh applies the rule.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A status condition, shaped as Kubernetes' `metav1.Condition`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type: `Accepted`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`.
+    pub reason: String,
+    /// What is wrong, naming the field and the reason.
+    #[serde(default)]
+    pub message: String,
+    /// The generation the condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When `status` last changed (RFC 3339).
+    pub last_transition_time: String,
+}
+
+/// Schema of an Istio field minimesh accepts as any object (not yet used).
+pub(crate) fn any_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of an Istio field minimesh accepts as a list of any objects.
+pub(crate) fn any_objects(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+    })
+}
+
+/// The CRD as YAML, exactly as committed in `crds/`.
+pub fn crd_yaml() -> String {
+    let crd = DestinationRuleResource::crd();
+    let mut value = serde_json::to_value(&crd).unwrap_or_default();
+    strip_closed_objects(&mut value);
+    let body = serde_saphyr::to_string(&value).unwrap_or_default();
+    format!(
+        "# Generated from the Rust types in control-plane/src/config/{{rule,crd}}.rs.\n\
+         # Do not edit: run `cargo run -- crds > {CRD_PATH}`.\n{body}"
+    )
+}
+
+/// Kubernetes structural schemas cannot say `additionalProperties: false`
+/// beside `properties` (the API server prunes unknown fields instead), so
+/// the `deny_unknown_fields` of the local parser is left out of the CRD.
+fn strip_closed_objects(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if map.get("additionalProperties") == Some(&serde_json::Value::Bool(false)) {
+                map.remove("additionalProperties");
+            }
+            map.values_mut().for_each(strip_closed_objects);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_closed_objects),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_file(path: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path)
+    }
+
+    #[test]
+    fn committed_crd_is_up_to_date() {
+        let committed = std::fs::read_to_string(repo_file(CRD_PATH)).unwrap_or_default();
+        assert!(
+            committed == crd_yaml(),
+            "{CRD_PATH} is stale: regenerate it with `cargo run -- crds > {CRD_PATH}`"
+        );
+    }
+
+    /// The rules the API server applies to a CRD schema ("structural"):
+    /// every node has a type unless it preserves unknown fields, no `$ref`,
+    /// and `additionalProperties` never sits beside `properties`.
+    fn check_structural(path: &str, node: &serde_json::Value, errors: &mut Vec<String>) {
+        let Some(map) = node.as_object() else {
+            errors.push(format!("{path}: not an object schema"));
+            return;
+        };
+        for banned in ["$ref", "definitions", "$defs", "$schema"] {
+            if map.contains_key(banned) {
+                errors.push(format!("{path}: has {banned}"));
+            }
+        }
+        let open = map.get("x-kubernetes-preserve-unknown-fields") == Some(&true.into())
+            || map.get("x-kubernetes-int-or-string") == Some(&true.into());
+        if !open && !map.contains_key("type") {
+            errors.push(format!("{path}: no type"));
+        }
+        if map.contains_key("properties") && map.contains_key("additionalProperties") {
+            errors.push(format!("{path}: properties beside additionalProperties"));
+        }
+        if let Some(props) = map.get("properties").and_then(|p| p.as_object()) {
+            for (name, sub) in props {
+                check_structural(&format!("{path}.{name}"), sub, errors);
+            }
+        }
+        if let Some(items) = map.get("items") {
+            check_structural(&format!("{path}[]"), items, errors);
+        }
+        if let Some(extra) = map.get("additionalProperties").filter(|a| a.is_object()) {
+            check_structural(&format!("{path}{{}}"), extra, errors);
+        }
+    }
+
+    #[test]
+    fn crd_schema_is_structural_and_documents_every_field() {
+        let crd: serde_json::Value = serde_saphyr::from_str(&crd_yaml()).expect("CRD parses");
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["name"], "v1alpha1");
+        assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "dr");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        let columns: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .expect("columns")
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert_eq!(columns, ["Host", "Policy", "Accepted", "Age"]);
+        let schema = &version["schema"]["openAPIV3Schema"];
+        let mut errors = Vec::new();
+        check_structural("", schema, &mut errors);
+        assert!(errors.is_empty(), "not structural: {errors:#?}");
+        let lb = &schema["properties"]["spec"]["properties"]["trafficPolicy"]["properties"]
+            ["loadBalancer"]["properties"];
+        let simple: Vec<&str> = lb["simple"]["enum"]
+            .as_array()
+            .expect("simple is an enum")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(simple.contains(&"LOAD_AWARE") && simple.contains(&"ROUND_ROBIN"));
+        assert!(lb["consistentHash"]["properties"]["maglev"]["description"]
+            .as_str()
+            .is_some_and(|d| !d.is_empty()));
+    }
+}

@@ -1,0 +1,325 @@
+//! The Kubernetes source: watchers (list, then watch from the list's
+//! resourceVersion; a `410 Gone` or a broken stream relists, with backoff) on
+//! DestinationRules (minimesh.io, and networking.istio.io when that CRD is
+//! installed), Services and `discovery.k8s.io/v1` EndpointSlices. Objects go
+//! through the same parser and validation as local files and feed the same
+//! [`Store`]. Nothing is published until every watcher has completed its
+//! first list, and a relist replaces a kind's objects only once it is whole.
+
+pub mod lease;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::config::parse::{parse_object, ObjectKey, ValidRule};
+use crate::config::Object;
+use crate::store::{RuleObject, Store};
+
+/// What the Kubernetes source watches, one entry per kind.
+#[derive(Clone, Debug)]
+pub struct Watched {
+    /// API resource (group, version, kind, plural).
+    pub resource: ApiResource,
+    /// False when the kind is watched only if its CRD is installed.
+    pub required: bool,
+}
+
+/// The kinds minimesh watches.
+pub fn watched() -> Vec<Watched> {
+    let ar = |group: &str, version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    };
+    vec![
+        Watched {
+            resource: ar(
+                "minimesh.io",
+                "v1alpha1",
+                "DestinationRule",
+                "destinationrules",
+            ),
+            required: true,
+        },
+        Watched {
+            resource: ar(
+                "networking.istio.io",
+                "v1",
+                "DestinationRule",
+                "destinationrules",
+            ),
+            required: false,
+        },
+        Watched {
+            resource: ar("", "v1", "Service", "services"),
+            required: true,
+        },
+        Watched {
+            resource: ar("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+            required: true,
+        },
+    ]
+}
+
+/// One object as the source keeps it.
+#[derive(Clone, Debug)]
+enum Entry {
+    /// A rule: its last good version (if any) and the state of the current one.
+    Rule {
+        good: Option<Arc<ValidRule>>,
+        seen: RuleObject,
+    },
+    /// A Service or EndpointSlice.
+    Plain(Object),
+    /// An object minimesh cannot use (logged once, counted in errors).
+    Rejected(crate::config::ConfigError),
+}
+
+#[derive(Default)]
+struct KindState {
+    synced: bool,
+    current: BTreeMap<ObjectKey, Entry>,
+    /// Objects of a list in progress (initial or relist); swapped in whole.
+    relisting: Option<BTreeMap<ObjectKey, Entry>>,
+}
+
+/// Where errors and warnings say the object came from.
+fn origin(resource: &ApiResource) -> PathBuf {
+    PathBuf::from(format!("kubernetes {}", resource.api_version))
+}
+
+/// Turns an API object into an entry. `previous` is the entry of the same
+/// object before this event, whose good rule stays in force when the new
+/// version is invalid.
+fn entry_of(
+    resource: &ApiResource,
+    obj: &DynamicObject,
+    previous: Option<&Entry>,
+) -> Option<(ObjectKey, Entry)> {
+    let mut value = serde_json::to_value(obj).ok()?;
+    // List items from the API server carry no apiVersion/kind: set them.
+    value["apiVersion"] = resource.api_version.clone().into();
+    value["kind"] = resource.kind.clone().into();
+    if resource.kind == "EndpointSlice"
+        && value.get("addressType").and_then(|t| t.as_str()) == Some("FQDN")
+    {
+        return None; // FQDN slices name hosts, not pods; nothing to balance over
+    }
+    let doc = parse_object(&origin(resource), value, "default")?;
+    let key = doc.key?;
+    let entry = match (doc.result, resource.kind.as_str()) {
+        (Ok(Object::Rule(rule)), _) => Entry::Rule {
+            seen: RuleObject {
+                api_version: resource.api_version.clone(),
+                generation: obj.metadata.generation,
+                error: None,
+            },
+            good: Some(rule),
+        },
+        (Err(e), "DestinationRule") => {
+            let good = match previous {
+                Some(Entry::Rule { good, .. }) => good.clone(),
+                _ => None,
+            };
+            if good.is_some() {
+                warn!("{e}; the previous good version stays in force");
+            } else {
+                warn!("{e}");
+            }
+            Entry::Rule {
+                good,
+                seen: RuleObject {
+                    api_version: resource.api_version.clone(),
+                    generation: obj.metadata.generation,
+                    error: Some(e),
+                },
+            }
+        }
+        (Ok(object), _) => Entry::Plain(object),
+        (Err(e), _) => {
+            warn!("{e}");
+            Entry::Rejected(e)
+        }
+    };
+    Some((key, entry))
+}
+
+/// Builds the store from every kind's objects.
+fn build(kinds: &[KindState], resources: &[Watched]) -> Store {
+    let mut store = Store::default();
+    for (state, w) in kinds.iter().zip(resources) {
+        let origin = origin(&w.resource);
+        for (key, entry) in &state.current {
+            match entry {
+                Entry::Rule { good, seen } => {
+                    if let Some(rule) = good {
+                        store.insert(key.clone(), Object::Rule(rule.clone()), &origin);
+                    }
+                    store.errors.extend(seen.error.clone());
+                    store.rule_objects.insert(key.clone(), seen.clone());
+                }
+                Entry::Plain(object) => store.insert(key.clone(), object.clone(), &origin),
+                Entry::Rejected(e) => store.errors.push(e.clone()),
+            }
+        }
+    }
+    store
+}
+
+/// Whether a CRD-backed kind exists in the cluster (a list of one item
+/// answers 404 when it does not).
+async fn installed(client: &Client, resource: &ApiResource) -> bool {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        // Anything else (forbidden, unreachable): watch it and let the
+        // watcher's backoff and logs tell.
+        Err(_) => true,
+    }
+}
+
+/// Runs the watchers and publishes a store on every change once all kinds
+/// are listed, until the receiver side is gone.
+pub async fn run(client: Client, tx: watch::Sender<Store>) {
+    let mut resources = Vec::new();
+    for w in watched() {
+        if !w.required && !installed(&client, &w.resource).await {
+            info!(
+                kind = %w.resource.kind,
+                api_version = %w.resource.api_version,
+                "CRD not installed; not watched"
+            );
+            continue;
+        }
+        resources.push(w);
+    }
+    let (events_tx, mut events) = mpsc::channel::<(usize, Event<DynamicObject>)>(1024);
+    for (i, w) in resources.iter().enumerate() {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &w.resource);
+        let events_tx = events_tx.clone();
+        let kind = format!("{} ({})", w.resource.kind, w.resource.api_version);
+        tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(event) => {
+                        if events_tx.send((i, event)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!(kind, error = %e, "watch failed; retrying with backoff"),
+                }
+            }
+        });
+    }
+    drop(events_tx);
+    let mut kinds: Vec<KindState> = resources.iter().map(|_| KindState::default()).collect();
+    let mut announced = false;
+    while let Some(first) = events.recv().await {
+        let mut changed = apply(&mut kinds, &resources, first);
+        // Take whatever else is queued, so a burst makes one store.
+        while let Ok(more) = events.try_recv() {
+            changed |= apply(&mut kinds, &resources, more);
+        }
+        if !kinds.iter().all(|k| k.synced) {
+            continue;
+        }
+        if !announced {
+            announced = true;
+            info!(kinds = kinds.len(), "Kubernetes source synced");
+            changed = true;
+        }
+        if changed && tx.send(build(&kinds, &resources)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Applies one watch event; true when the published view changes.
+fn apply(
+    kinds: &mut [KindState],
+    resources: &[Watched],
+    (i, event): (usize, Event<DynamicObject>),
+) -> bool {
+    let resource = &resources[i].resource;
+    let state = &mut kinds[i];
+    match event {
+        Event::Init => {
+            debug!(kind = %resource.kind, "listing");
+            state.relisting = Some(BTreeMap::new());
+            false
+        }
+        Event::InitApply(obj) => {
+            let previous_key = key_of(resource, &obj);
+            let previous = previous_key.as_ref().and_then(|k| state.current.get(k));
+            if let Some((key, entry)) = entry_of(resource, &obj, previous) {
+                state.relisting.get_or_insert_default().insert(key, entry);
+            }
+            false
+        }
+        Event::InitDone => {
+            state.current = state.relisting.take().unwrap_or_default();
+            state.synced = true;
+            debug!(kind = %resource.kind, objects = state.current.len(), "listed");
+            true
+        }
+        Event::Apply(obj) => {
+            let key = key_of(resource, &obj);
+            let previous = key.as_ref().and_then(|k| state.current.get(k));
+            match entry_of(resource, &obj, previous) {
+                Some((key, entry)) => {
+                    state.current.insert(key, entry);
+                }
+                None => {
+                    if let Some(k) = key {
+                        state.current.remove(&k);
+                    }
+                }
+            }
+            state.synced
+        }
+        Event::Delete(obj) => {
+            if let Some(k) = key_of(resource, &obj) {
+                state.current.remove(&k);
+            }
+            state.synced
+        }
+    }
+}
+
+fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
+    let kind: &'static str = match resource.kind.as_str() {
+        "DestinationRule" => "DestinationRule",
+        "Service" => "Service",
+        "EndpointSlice" => "EndpointSlice",
+        _ => return None,
+    };
+    Some(ObjectKey {
+        kind,
+        namespace: obj
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: obj.metadata.name.clone()?,
+    })
+}
+
+/// The Kubernetes client: in-cluster config, or KUBECONFIG / ~/.kube/config.
+pub async fn client() -> anyhow::Result<Client> {
+    use anyhow::Context;
+    Client::try_default().await.context(
+        "no Kubernetes config: not in a pod (no service account) and no usable KUBECONFIG or ~/.kube/config",
+    )
+}

@@ -1,0 +1,165 @@
+//! Writes each minimesh.io DestinationRule's `status` (the `Accepted`
+//! condition, `observedGeneration`, the policy in force) through the status
+//! subresource. Only the elected replica writes; a write is made only when
+//! what it would say changed, and failed writes are retried.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::{Timestamp, Unit};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::Client;
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::config::crd::{Condition, RuleStatusResource};
+use crate::config::parse::ObjectKey;
+use crate::store::Store;
+use crate::translate::RuleStatus;
+
+/// What one rule's status should say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// The generation it describes.
+    pub generation: Option<i64>,
+    /// `Accepted` condition status.
+    pub accepted: bool,
+    /// One word: `Accepted`, `Invalid`, `Conflict`, `NoService`.
+    pub reason: String,
+    /// Detail naming the field and the reason.
+    pub message: String,
+    /// The policy in force (of the last good version).
+    pub policy: Option<String>,
+}
+
+/// Desired status of every minimesh.io rule, by object.
+pub type DesiredStatus = BTreeMap<ObjectKey, Desired>;
+
+/// The API version whose rules get a status (Istio's rules belong to Istio).
+pub const STATUS_API_VERSION: &str = "minimesh.io/v1alpha1";
+
+/// Computes the status of every rule object from the store and the
+/// translation's verdicts.
+pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> DesiredStatus {
+    let mut out = DesiredStatus::new();
+    for (key, seen) in &store.rule_objects {
+        if seen.api_version != STATUS_API_VERSION {
+            continue;
+        }
+        let in_force = store.rules.get(key).map(|(r, _)| r);
+        let policy = in_force.map(|r| r.resolved.policy.as_str().to_string());
+        let d = if let Some(e) = &seen.error {
+            let mut message = match &e.field {
+                Some(f) => format!("{f}: {}", e.reason),
+                None => e.reason.clone(),
+            };
+            if in_force.is_some() {
+                message.push_str("; the previous good version stays in force");
+            }
+            Desired {
+                generation: seen.generation,
+                accepted: false,
+                reason: "Invalid".into(),
+                message,
+                policy,
+            }
+        } else {
+            match verdicts.get(key) {
+                Some(v) => Desired {
+                    generation: seen.generation,
+                    accepted: v.accepted,
+                    reason: v.reason.clone(),
+                    message: if v.message.is_empty() && !v.clusters.is_empty() {
+                        format!("applied to {}", v.clusters.join(", "))
+                    } else if v.message.is_empty() {
+                        "applied".into()
+                    } else {
+                        v.message.clone()
+                    },
+                    policy: if v.accepted { policy } else { None },
+                },
+                None => Desired {
+                    generation: seen.generation,
+                    accepted: true,
+                    reason: "Accepted".into(),
+                    message: "applied".into(),
+                    policy,
+                },
+            }
+        };
+        out.insert(key.clone(), d);
+    }
+    out
+}
+
+/// Writes status while `leader` is true.
+pub async fn run(
+    client: Client,
+    mut desired: watch::Receiver<Arc<DesiredStatus>>,
+    mut leader: watch::Receiver<bool>,
+) {
+    let resource = super::watched()
+        .into_iter()
+        .map(|w| w.resource)
+        .find(|r| r.api_version == STATUS_API_VERSION)
+        .expect("minimesh.io rules are watched");
+    // What was written, with the time the condition last changed.
+    let mut written: BTreeMap<ObjectKey, (Desired, String)> = BTreeMap::new();
+    let mut retry = tokio::time::interval(Duration::from_secs(5));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if *leader.borrow_and_update() {
+            let want = desired.borrow_and_update().clone();
+            written.retain(|k, _| want.contains_key(k));
+            for (key, d) in want.iter() {
+                let previous = written.get(key);
+                if previous.is_some_and(|(p, _)| p == d) {
+                    continue;
+                }
+                let since = match previous {
+                    Some((p, t)) if p.accepted == d.accepted => t.clone(),
+                    _ => Timestamp::now()
+                        .round(Unit::Second)
+                        .unwrap_or_else(|_| Timestamp::now())
+                        .to_string(),
+                };
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), &key.namespace, &resource);
+                let status = RuleStatusResource {
+                    observed_generation: d.generation,
+                    policy: d.policy.clone(),
+                    conditions: vec![Condition {
+                        type_: "Accepted".into(),
+                        status: if d.accepted { "True" } else { "False" }.into(),
+                        reason: d.reason.clone(),
+                        message: d.message.clone(),
+                        observed_generation: d.generation,
+                        last_transition_time: since.clone(),
+                    }],
+                };
+                let patch = json!({ "status": status });
+                match api
+                    .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        debug!(rule = %key, accepted = d.accepted, reason = d.reason, "status written");
+                        written.insert(key.clone(), (d.clone(), since));
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {} // deleted meanwhile
+                    Err(e) => warn!(rule = %key, error = %e, "writing status failed; will retry"),
+                }
+            }
+        } else {
+            // A new leader rewrites everything it is not sure of.
+            written.clear();
+        }
+        tokio::select! {
+            r = desired.changed() => if r.is_err() { return },
+            r = leader.changed() => if r.is_err() { return },
+            _ = retry.tick() => {}
+        }
+    }
+}

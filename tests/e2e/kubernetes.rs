@@ -1,0 +1,389 @@
+//! `--source kubernetes` against a fake API server over real HTTP: rules,
+//! Services and EndpointSlices reach a real sidecar; status is written back
+//! through the status subresource; watches survive expiry and dropped
+//! connections; two replicas elect one status writer with a Lease.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::fake_kube::FakeKube;
+use crate::harness::*;
+
+fn service(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10",
+                 "ports": [{"name": "http", "port": 80, "targetPort": 9090, "protocol": "TCP"}]}
+    })
+}
+
+/// An EndpointSlice with one endpoint per (ip, ready).
+fn slice(net: &Net, name: &str, hosts: &[(u8, bool)]) -> Value {
+    let endpoints: Vec<Value> = hosts
+        .iter()
+        .map(|(h, ready)| {
+            json!({
+                "addresses": [net.ip(*h).to_string()],
+                "conditions": {"ready": ready, "serving": ready, "terminating": false},
+                "targetRef": {"kind": "Pod", "name": format!("{name}-{h}"), "namespace": NS},
+                "zone": "zone-a", "nodeName": "kind-worker"
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-x7k2p"), "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": name,
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 9090, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+fn rule(name: &str, host: &str, load_balancer: Value) -> Value {
+    json!({
+        "apiVersion": "minimesh.io/v1alpha1", "kind": "DestinationRule",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"host": host, "trafficPolicy": {"loadBalancer": load_balancer}}
+    })
+}
+
+/// Starts a control plane reading the fake API.
+async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
+    let kubeconfig = net.dir.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig);
+    let mut args: Vec<String> = [
+        "--source",
+        "kubernetes",
+        "--xds-addr",
+        &net.addr(host, 15010).to_string(),
+        "--admin-addr",
+        &net.addr(host, 15014).to_string(),
+        "--lease-namespace",
+        "minimesh-system",
+        "--identity",
+        id,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let p = net.spawn(
+        id,
+        "control-plane",
+        &args,
+        &[("KUBECONFIG", kubeconfig.display().to_string())],
+    );
+    wait_http(net.addr(host, 15014), "/readyz").await;
+    p
+}
+
+/// Waits until the stored rule's status satisfies `pred`; returns the status.
+async fn wait_status(fake: &FakeKube, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let obj = fake
+            .get("minimesh.io/v1alpha1", "DestinationRule", NS, name)
+            .expect("rule exists");
+        if pred(&obj["status"]) {
+            return obj["status"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status of {name} never matched: {:#}",
+            obj["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn accepted(status: &Value) -> (&str, &str, &str) {
+    let c = &status["conditions"][0];
+    (
+        c["status"].as_str().unwrap_or(""),
+        c["reason"].as_str().unwrap_or(""),
+        c["message"].as_str().unwrap_or(""),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_written_back() {
+    let net = Net::new(91);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true), (3, true)]));
+    fake.apply(service("other"));
+    fake.apply(slice(&net, "other", &[(1, true)]));
+    let cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+
+    // A rule applied in the API reaches the sidecar and changes its picks.
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"simple": "ROUND_ROBIN"}),
+    ));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "ROUND_ROBIN"
+    })
+    .await;
+    let c = load(net.addr(100, 15001), "backend", 2, 600).await;
+    assert_no_failures(&c, "round robin from the API");
+    for h in 1..=3 {
+        let n = c.by_endpoint[&net.addr(h, 9090).to_string()];
+        assert!((190..=210).contains(&n), "{:?}", c.by_endpoint);
+    }
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 1).await;
+    assert_eq!(
+        accepted(&st),
+        (
+            "True",
+            "Accepted",
+            "applied to backend.default.svc.cluster.local:80"
+        )
+    );
+    assert_eq!(st["policy"], "ROUND_ROBIN");
+
+    // Consistent hashing on a header: the same user always lands on one endpoint.
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"consistentHash": {"httpHeaderName": "x-user", "maglev": {"tableSize": 65537}}}),
+    ));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "MAGLEV"
+    })
+    .await;
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 2).await;
+    assert_eq!(st["policy"], "MAGLEV");
+
+    // A version minimesh cannot use (a table size that is not prime): the
+    // status says why, naming the field; the last good version stays.
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"consistentHash": {"httpHeaderName": "x-user", "maglev": {"tableSize": 1000}}}),
+    ));
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 3).await;
+    let (status, reason, message) = accepted(&st);
+    assert_eq!((status, reason), ("False", "Invalid"), "{st:#}");
+    assert!(
+        message.starts_with("spec.trafficPolicy.loadBalancer.consistentHash.maglev.tableSize: ")
+            && message.contains("prime")
+            && message.ends_with("; the previous good version stays in force"),
+        "{message}"
+    );
+    assert_eq!(st["policy"], "MAGLEV", "the good version is in force");
+    let v = get_json(admin, "/debug/config").await;
+    assert_eq!(policy_of(&v, "backend"), "MAGLEV");
+
+    // A second rule for the same host is refused; a rule for another host
+    // is applied regardless of the bad ones.
+    fake.apply(rule("backend-dr-2", "backend", json!({"simple": "RANDOM"})));
+    fake.apply(rule(
+        "other-dr",
+        "other",
+        json!({"simple": "LEAST_REQUEST"}),
+    ));
+    let st = wait_status(&fake, "backend-dr-2", |s| s["observedGeneration"] == 1).await;
+    assert_eq!(
+        accepted(&st),
+        (
+            "False",
+            "Conflict",
+            "spec.host: service backend.default already has rule default/backend-dr; this rule is not applied"
+        )
+    );
+    let st = wait_status(&fake, "other-dr", |s| s["observedGeneration"] == 1).await;
+    assert_eq!(accepted(&st).0, "True");
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "other") == "LEAST_REQUEST" && policy_of(v, "backend") == "MAGLEV"
+    })
+    .await;
+
+    // Back to a valid version; then an endpoint going not-ready gets no traffic.
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"simple": "ROUND_ROBIN"}),
+    ));
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 4).await;
+    assert_eq!(accepted(&st).0, "True");
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true), (3, false)]));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        endpoints_of(v, "backend") == [net.addr(1, 9090).to_string(), net.addr(2, 9090).to_string()]
+    })
+    .await;
+    let c = load(net.addr(100, 15001), "backend", 2, 400).await;
+    assert_no_failures(&c, "after endpoint 3 went not-ready");
+    assert_eq!(
+        c.by_endpoint.get(&net.addr(3, 9090).to_string()),
+        None,
+        "{:?}",
+        c.by_endpoint
+    );
+    assert_eq!(c.ok, 400);
+
+    // Deleting the rule in the API falls back to the default policy.
+    fake.delete(
+        "minimesh.io/v1alpha1",
+        "DestinationRule",
+        NS,
+        "backend-dr-2",
+    );
+    fake.delete("minimesh.io/v1alpha1", "DestinationRule", NS, "backend-dr");
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "LEAST_REQUEST"
+    })
+    .await;
+    drop(cp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_relist_after_410_and_resume_from_bookmarks() {
+    let net = Net::new(92);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let _b: Vec<_> = futures_util::future::join_all((1..=2).map(|h| net.backend(h, &[]))).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true)]));
+    fake.apply(rule("backend-dr", "backend", json!({"simple": "RANDOM"})));
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "RANDOM"
+    })
+    .await;
+    // No Istio CRD in this cluster: its rules are not watched, and that is no error.
+    assert_eq!(fake.count("LIST endpointslices"), 1, "{:#?}", fake.log());
+
+    // A dropped watch after history was compacted: bookmarks kept the
+    // client's resourceVersion current, so it resumes without a relist.
+    fake.churn_unwatched(50);
+    tokio::time::sleep(Duration::from_millis(800)).await; // a few bookmark periods
+    fake.drop_watches_and_compact();
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        endpoints_of(v, "backend").len() == 2
+    })
+    .await;
+    assert_eq!(
+        fake.count("LIST endpointslices"),
+        1,
+        "resumed from a bookmark, no relist: {:#?}",
+        fake.log()
+    );
+    assert!(fake.count("WATCH endpointslices") >= 2, "{:#?}", fake.log());
+
+    // 410 Gone: every watcher relists, and changes made meanwhile arrive.
+    fake.expire();
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"simple": "ROUND_ROBIN"}),
+    ));
+    fake.apply(slice(&net, "backend", &[(2, true)]));
+    wait_sidecar(admin, Duration::from_secs(15), |v| {
+        policy_of(v, "backend") == "ROUND_ROBIN"
+            && endpoints_of(v, "backend") == [net.addr(2, 9090).to_string()]
+    })
+    .await;
+    for plural in ["destinationrules", "services", "endpointslices"] {
+        assert_eq!(
+            fake.count(&format!("LIST {plural}")),
+            2,
+            "{plural}: {:#?}",
+            fake.log()
+        );
+    }
+    let c = load(net.addr(100, 15001), "backend", 2, 200).await;
+    assert_no_failures(&c, "after relist");
+    assert_eq!(c.by_endpoint.len(), 1, "{:?}", c.by_endpoint);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_and_one_elected_writes_status() {
+    let net = Net::new(93);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let _b = net.backend(1, &[]).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true)]));
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"simple": "ROUND_ROBIN"}),
+    ));
+    let lease = ["--lease-duration", "2s", "--lease-retry", "200ms"];
+    let mut a = control_plane(&net, &fake, "cp-a", 254, &lease).await;
+    wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 1).await;
+    let patches = fake.count("PATCH-STATUS");
+    let _b_cp = control_plane(&net, &fake, "cp-b", 253, &lease).await;
+    let holder = |fake: &FakeKube| {
+        fake.get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "minimesh-system",
+            "minimesh-control-plane",
+        )
+        .map(|l| {
+            l["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+    };
+    assert_eq!(holder(&fake).as_deref(), Some("cp-a"));
+    // Both replicas serve sidecars the same config.
+    for (sidecar, cp) in [(100, 254), (101, 253)] {
+        let _sc = net.sidecar_of(sidecar, net.addr(cp, 15010), &[]).await;
+        wait_sidecar(net.addr(sidecar, 15000), Duration::from_secs(10), |v| {
+            policy_of(v, "backend") == "ROUND_ROBIN"
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        fake.count("PATCH-STATUS"),
+        patches,
+        "the follower writes no status: {:#?}",
+        fake.log()
+    );
+    assert_eq!(
+        holder(&fake).as_deref(),
+        Some("cp-a"),
+        "the leader keeps renewing"
+    );
+
+    // After the leader dies, the follower takes the lease (once 2 s pass
+    // without renewal) and writes the next status.
+    a.kill();
+    fake.apply(rule(
+        "backend-dr",
+        "backend",
+        json!({"simple": "PASSTHROUGH"}),
+    ));
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 2).await;
+    assert_eq!(holder(&fake).as_deref(), Some("cp-b"));
+    let (status, reason, message) = accepted(&st);
+    assert_eq!((status, reason), ("False", "Invalid"));
+    assert_eq!(
+        message,
+        "spec.trafficPolicy.loadBalancer.simple: PASSTHROUGH is not supported: minimesh always balances over the service's endpoints; the previous good version stays in force"
+    );
+    assert_eq!(st["policy"], "ROUND_ROBIN");
+    let lease = fake
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "minimesh-system",
+            "minimesh-control-plane",
+        )
+        .expect("lease");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease:#}");
+}
