@@ -5,6 +5,7 @@ mod balancing;
 mod bench;
 mod config;
 mod connection_pool;
+mod deploy;
 mod fake_kube;
 mod harness;
 mod hashing;

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# minimesh on kind, end to end: create the cluster, build and load the image,
+# install the CRD and the control plane, deploy simple-web / simple-backend
+# with sidecars and the ingress gateway, apply a DestinationRule, and run
+# fortio against the ingress.
+#
+# Needs docker, kind and kubectl. Run from anywhere:
+#   deploy/kind/quickstart.sh                      # RANDOM rule, 60 s of fortio
+#   RULE=examples/rules/simple-backend-dr-rr.yaml DURATION=30s deploy/kind/quickstart.sh
+#   deploy/kind/quickstart.sh delete               # remove the cluster
+set -euo pipefail
+
+CLUSTER="${CLUSTER:-minimesh}"
+IMAGE="${IMAGE:-minimesh:dev}"
+RULE="${RULE:-examples/rules/simple-backend-dr-random.yaml}"
+DURATION="${DURATION:-60s}"
+QPS="${QPS:-1000}"
+CONNECTIONS="${CONNECTIONS:-10}"
+NS=istioinaction
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+
+step() { printf '\n==> %s\n' "$*"; }
+need() {
+  command -v "$1" >/dev/null 2>&1 || {
+    echo "quickstart: '$1' is not installed ($2)" >&2
+    exit 1
+  }
+}
+
+if [[ "${1:-}" == "delete" ]]; then
+  kind delete cluster --name "$CLUSTER"
+  exit 0
+fi
+
+need docker "https://docs.docker.com/engine/install/"
+need kind "https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
+need kubectl "https://kubernetes.io/docs/tasks/tools/"
+
+step "kind cluster '$CLUSTER' (control-plane node + 2 workers, NodePort 30000 on localhost:30000)"
+if kind get clusters | grep -qx "$CLUSTER"; then
+  echo "cluster '$CLUSTER' exists; reusing it"
+else
+  kind create cluster --config deploy/kind/cluster.yaml --name "$CLUSTER" --wait 120s
+fi
+kubectl config use-context "kind-$CLUSTER" >/dev/null
+
+step "building $IMAGE (deploy/Dockerfile) and loading it into the cluster"
+docker build -f deploy/Dockerfile -t "$IMAGE" .
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+step "installing the CRD, RBAC and the control plane (deploy/base)"
+kubectl apply -k deploy/base
+kubectl wait --for condition=established --timeout=60s crd/destinationrules.minimesh.io
+kubectl -n minimesh-system rollout status deployment/minimesh-control-plane --timeout=180s
+
+step "deploying simple-web, simple-backend-1, simple-backend-2 and the ingress gateway (deploy/examples/demo)"
+kubectl apply -k deploy/examples/demo
+for d in simple-web simple-backend-1 simple-backend-2 ingress-gateway; do
+  kubectl -n "$NS" rollout status "deployment/$d" --timeout=180s
+done
+
+step "applying $RULE"
+kubectl apply -n "$NS" -f "$RULE"
+rule_name="$(kubectl apply -n "$NS" -f "$RULE" --dry-run=client -o jsonpath='{.metadata.name}')"
+kubectl -n "$NS" wait --for=jsonpath='{.status.conditions[0].status}'=True \
+  "destinationrule.minimesh.io/$rule_name" --timeout=60s
+kubectl -n "$NS" get destinationrules.minimesh.io
+
+step "one request through the ingress"
+curl -fsS -H "Host: simple-web.istioinaction.io" http://localhost:30000/
+echo
+
+step "fortio load -c $CONNECTIONS -qps $QPS -t $DURATION -jitter against the ingress"
+docker run --rm --network host fortio/fortio load \
+  -c "$CONNECTIONS" -qps "$QPS" -t "$DURATION" -jitter \
+  -H "Host: simple-web.istioinaction.io" http://localhost:30000/ 2>&1 |
+  grep -E '^(# target|Aggregated Function Time|All done|Code|Sockets used)' || true
+
+step "done"
+cat <<EOF
+Try another policy:  kubectl apply -n $NS -f examples/rules/simple-backend-dr-least-request.yaml
+Rule status:         kubectl -n $NS get dr
+Control plane view:  kubectl -n minimesh-system port-forward svc/minimesh-control-plane 15014 &
+                     curl localhost:15014/debug/config
+Remove the cluster:  deploy/kind/quickstart.sh delete
+EOF
