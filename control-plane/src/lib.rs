@@ -69,10 +69,10 @@ pub struct Args {
     /// Kubernetes: how often the leader renews and the others check the lease.
     #[arg(long, env = "MINIMESH_LEASE_RETRY", default_value = "2s", value_parser = duration)]
     pub lease_retry: Duration,
-    /// Directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
+    /// Files source: directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
-    /// Namespace of objects whose metadata names none (like kubectl's context namespace).
+    /// Files source: namespace of objects whose metadata names none (like kubectl's context namespace).
     #[arg(long, env = "MINIMESH_DEFAULT_NAMESPACE", default_value = "default")]
     pub default_namespace: String,
     /// Address of the discovery (gRPC) server.
@@ -87,7 +87,7 @@ pub struct Args {
     /// Upper bound: changes are pushed at most this long after the first one, however busy.
     #[arg(long, env = "MINIMESH_DEBOUNCE_MAX", default_value = "1s", value_parser = duration)]
     pub debounce_max: Duration,
-    /// How often the config directory is checked for changes.
+    /// Files source: how often the config directory is checked for changes.
     #[arg(long, env = "MINIMESH_POLL_INTERVAL", default_value = "50ms", value_parser = duration)]
     pub poll_interval: Duration,
     /// How often sidecars report load (served on the discovery address).

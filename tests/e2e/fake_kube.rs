@@ -27,17 +27,16 @@ use tokio::sync::mpsc;
 type Body = BoxBody<Bytes, Infallible>;
 
 /// The collections the fake serves: (group, version, plural, kind).
-const COLLECTIONS: [(&str, &str, &str, &str); 4] = [
-    (
-        "minimesh.io",
-        "v1alpha1",
-        "destinationrules",
-        "DestinationRule",
-    ),
+/// Istio's DestinationRule comes last: served only when the fake is started
+/// with Istio's CRD "installed".
+const COLLECTIONS: [(&str, &str, &str, &str); 5] = [
+    ("minimesh.io", "v1alpha1", "destinationrules", "DestinationRule"),
     ("", "v1", "services", "Service"),
     ("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
     ("coordination.k8s.io", "v1", "leases", "Lease"),
+    ("networking.istio.io", "v1", "destinationrules", "DestinationRule"),
 ];
+const ISTIO: usize = 4;
 
 #[derive(Default)]
 struct Inner {
@@ -59,6 +58,7 @@ struct Inner {
 pub struct FakeKube {
     inner: Arc<Mutex<Inner>>,
     pub addr: SocketAddr,
+    istio: bool,
 }
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
@@ -78,12 +78,18 @@ fn collection_of(api_version: &str, kind: &str) -> usize {
 impl FakeKube {
     /// Serves on `addr` until the test ends; sends bookmarks every 200 ms.
     pub async fn start(addr: SocketAddr) -> FakeKube {
+        Self::start_with(addr, false).await
+    }
+
+    /// The same; with `istio`, Istio's DestinationRule CRD is installed too.
+    pub async fn start_with(addr: SocketAddr, istio: bool) -> FakeKube {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("bind fake API");
         let fake = FakeKube {
             inner: Arc::default(),
             addr,
+            istio,
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -257,7 +263,7 @@ impl FakeKube {
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        let Some((c, ns, name, sub)) = route(&path) else {
+        let Some((c, ns, name, sub)) = route(&path).filter(|r| r.0 != ISTIO || self.istio) else {
             return status_response(
                 StatusCode::NOT_FOUND,
                 "NotFound",

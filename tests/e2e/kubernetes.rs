@@ -113,15 +113,23 @@ fn accepted(status: &Value) -> (&str, &str, &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_written_back() {
     let net = Net::new(91);
-    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let fake = FakeKube::start_with(net.addr(250, 6443), true).await;
     let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
     fake.apply(service("backend"));
     fake.apply(slice(&net, "backend", &[(1, true), (2, true), (3, true)]));
     fake.apply(service("other"));
     fake.apply(slice(&net, "other", &[(1, true)]));
+    fake.apply(service("third"));
+    fake.apply(slice(&net, "third", &[(2, true)]));
+    // An Istio user's rule, as is: read, applied, its status left to Istio.
+    let mut istio = rule("third-dr", "third", json!({"simple": "RANDOM"}));
+    istio["apiVersion"] = "networking.istio.io/v1".into();
+    fake.apply(istio);
     let cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
     let _sc = net.sidecar(100, &[]).await;
     let admin = net.addr(100, 15000);
+
+    wait_sidecar(admin, Duration::from_secs(10), |v| policy_of(v, "third") == "RANDOM").await;
 
     // A rule applied in the API reaches the sidecar and changes its picks.
     fake.apply(rule(
@@ -242,6 +250,11 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
         policy_of(v, "backend") == "LEAST_REQUEST"
     })
     .await;
+    let istio = fake
+        .get("networking.istio.io/v1", "DestinationRule", NS, "third-dr")
+        .expect("Istio rule");
+    assert_eq!(istio["status"], Value::Null, "minimesh writes no status on Istio's rules");
+    assert_eq!(fake.count("PATCH-STATUS destinationrules third-dr"), 0);
     drop(cp);
 }
 
