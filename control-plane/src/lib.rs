@@ -313,7 +313,8 @@ pub struct LoadAwareState {
     /// LOAD_AWARE clusters and their endpoint addresses.
     pub clusters: RwLock<BTreeMap<String, Vec<String>>>,
     /// Load-report interval sidecars are asked for, ms.
-    pub report_interval_ms: std::sync::atomic::AtomicU64,
+    /// (A watch, so each load-report stream wakes only when it changes.)
+    pub report_interval_ms: watch::Sender<u64>,
     /// The flag value.
     pub default_interval_ms: u64,
 }
@@ -340,8 +341,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
     } else {
         la.default_interval_ms.min(1000)
     };
-    la.report_interval_ms
-        .store(interval, std::sync::atomic::Ordering::Relaxed);
+    la.report_interval_ms.send_if_modified(|v| {
+        let changed = *v != interval;
+        *v = interval;
+        changed
+    });
     *la.clusters.write().unwrap_or_else(|e| e.into_inner()) = aware;
     let changed = cache.update(&resources);
     if changed {

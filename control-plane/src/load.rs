@@ -298,30 +298,28 @@ impl LoadReportingService for LoadReports {
         request: Request<Streaming<LoadStatsRequest>>,
     ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
         let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(2);
+        // Boxed: the channel allocates 32 slots at once, 16 bytes each so.
+        let (tx, rx) = mpsc::channel::<Result<Box<LoadStatsResponse>, Status>>(2);
         let aggregator = self.aggregator.clone();
-        let la = self.la.clone();
+        let mut interval = self.la.report_interval_ms.subscribe();
         tokio::spawn(async move {
             let mut node = String::new();
             let mut sent_interval = 0;
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
-                let interval = la
-                    .report_interval_ms
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                if !node.is_empty() && interval != sent_interval {
-                    sent_interval = interval;
+                let current = *interval.borrow_and_update();
+                if !node.is_empty() && current != sent_interval {
+                    sent_interval = current;
                     let resp = LoadStatsResponse {
                         clusters: vec![],
                         send_all_clusters: true,
-                        load_reporting_interval_ms: interval,
+                        load_reporting_interval_ms: current,
                     };
-                    if tx.send(Ok(resp)).await.is_err() {
+                    if tx.send(Ok(Box::new(resp))).await.is_err() {
                         return;
                     }
                 }
                 tokio::select! {
-                    _ = tick.tick() => continue,
+                    changed = interval.changed() => if changed.is_err() { break },
                     msg = inbound.message() => {
                         let Ok(Some(req)) = msg else { break };
                         if node.is_empty() {
@@ -340,6 +338,9 @@ impl LoadReportingService for LoadReports {
             }
             debug!(node, "load-report stream ended");
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(futures_util::StreamExt::map(
+            ReceiverStream::new(rx),
+            |r| r.map(|b| *b),
+        ))))
     }
 }

@@ -230,14 +230,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let sweeper = tokio::spawn(pool::sweep_forever(routing.clone()));
+    // One HTTP/2 connection carries discovery and load reports: half the
+    // connections (and the control plane's memory) of one each. It connects
+    // on first use and reconnects when a stream finds it broken.
+    let channel = tonic::transport::Endpoint::from_shared(args.xds_addr.clone())
+        .with_context(|| format!("--xds-addr {:?} is not a URI", args.xds_addr))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy();
     let reporter = xds::load_report::LoadReporter {
         address: args.xds_addr.clone(),
+        channel: channel.clone(),
         node: node.clone(),
         routing: routing.clone(),
     };
     let reporter_task = tokio::spawn(reporter.run());
     let xds = xds::client::XdsClient {
         address: args.xds_addr.clone(),
+        channel,
         node,
         aliases: HostAliases {
             aliases: args.routes.clone(),

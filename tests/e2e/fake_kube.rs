@@ -30,11 +30,21 @@ type Body = BoxBody<Bytes, Infallible>;
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
 const COLLECTIONS: [(&str, &str, &str, &str); 5] = [
-    ("minimesh.io", "v1alpha1", "destinationrules", "DestinationRule"),
+    (
+        "minimesh.io",
+        "v1alpha1",
+        "destinationrules",
+        "DestinationRule",
+    ),
     ("", "v1", "services", "Service"),
     ("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
     ("coordination.k8s.io", "v1", "leases", "Lease"),
-    ("networking.istio.io", "v1", "destinationrules", "DestinationRule"),
+    (
+        "networking.istio.io",
+        "v1",
+        "destinationrules",
+        "DestinationRule",
+    ),
 ];
 const ISTIO: usize = 4;
 

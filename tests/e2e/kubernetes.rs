@@ -129,7 +129,10 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
     let _sc = net.sidecar(100, &[]).await;
     let admin = net.addr(100, 15000);
 
-    wait_sidecar(admin, Duration::from_secs(10), |v| policy_of(v, "third") == "RANDOM").await;
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        policy_of(v, "third") == "RANDOM"
+    })
+    .await;
 
     // A rule applied in the API reaches the sidecar and changes its picks.
     fake.apply(rule(
@@ -253,7 +256,11 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
     let istio = fake
         .get("networking.istio.io/v1", "DestinationRule", NS, "third-dr")
         .expect("Istio rule");
-    assert_eq!(istio["status"], Value::Null, "minimesh writes no status on Istio's rules");
+    assert_eq!(
+        istio["status"],
+        Value::Null,
+        "minimesh writes no status on Istio's rules"
+    );
     assert_eq!(fake.count("PATCH-STATUS destinationrules third-dr"), 0);
     drop(cp);
 }

@@ -1,7 +1,8 @@
 //! `minimesh bench control-plane`: how many sidecars one control plane
-//! holds and how fast a change reaches them all. N simulated sidecars — real
-//! discovery streams, each on its own TCP connection, all in this process —
-//! subscribe to every type and ACK every response. We measure the control
+//! holds and how fast a change reaches them all. N simulated sidecars, all in
+//! this process, each do what a real sidecar does on its one TCP (HTTP/2)
+//! connection: a discovery stream that subscribes to every type and ACKs
+//! every response, and a load-report stream. We measure the control
 //! plane's memory per connected sidecar (RSS from /proc) and the time from
 //! an EndpointSlice change on disk to each sidecar's ACK of it (p50, p99,
 //! max), over several changes.
@@ -16,7 +17,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use minimesh_proto::v1::{DiscoveryRequest, Node};
+use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
+use minimesh_proto::v1::{DiscoveryRequest, LoadStatsRequest, Node};
 use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
 use serde::Serialize;
 use tokio::sync::{mpsc, Mutex};
@@ -82,7 +84,7 @@ async fn sidecar(
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .connect()
         .await?;
-    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let mut client = AggregatedDiscoveryServiceClient::new(channel.clone());
     let (tx, rx) = mpsc::channel(8);
     let node = Node {
         id: format!("sim-{i}.default"),
@@ -90,6 +92,20 @@ async fn sidecar(
         namespace: "default".into(),
         ..Default::default()
     };
+    // The load-report stream, on the same connection; kept open, silent
+    // (this sidecar sends no traffic).
+    let (lrs_tx, lrs_rx) = mpsc::channel(1);
+    lrs_tx
+        .send(LoadStatsRequest {
+            node: Some(node.clone()),
+            cluster_stats: vec![],
+        })
+        .await?;
+    let mut lrs = LoadReportingServiceClient::new(channel)
+        .stream_load_stats(ReceiverStream::new(lrs_rx))
+        .await?
+        .into_inner();
+    let _interval = lrs.message().await?;
     for (k, t) in [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE]
         .into_iter()
         .enumerate()
@@ -259,7 +275,7 @@ pub async fn run(out: &Path, sidecars: &[usize], network: Option<Ipv4Addr>) -> a
     }
     std::fs::create_dir_all(out)?;
     println!(
-        "minimesh bench control-plane: {sidecars:?} simulated sidecars (one TCP connection each, in this process), 5 EndpointSlice changes each"
+        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), 5 EndpointSlice changes each"
     );
     let mut results = Vec::new();
     for &n in sidecars {

@@ -32,6 +32,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 pub struct XdsClient {
     /// `http://host:port` of the control plane.
     pub address: String,
+    /// The connection to the control plane, shared with load reporting.
+    pub channel: tonic::transport::Channel,
     /// This proxy's identity.
     pub node: Node,
     /// Extra host names (gateway mode).
@@ -77,14 +79,7 @@ impl XdsClient {
         versions: &mut BTreeMap<&'static str, String>,
         health: &mut crate::health::HealthCheckers,
     ) -> anyhow::Result<bool> {
-        let channel = tonic::transport::Endpoint::from_shared(self.address.clone())?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect()
-            .await?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let mut client = AggregatedDiscoveryServiceClient::new(self.channel.clone());
         let (tx, rx) = mpsc::channel(16);
         for t in ALL_TYPES {
             tx.send(DiscoveryRequest {

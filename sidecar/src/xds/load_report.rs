@@ -24,6 +24,8 @@ use crate::routing::Routing;
 pub struct LoadReporter {
     /// `http://host:port` of the control plane.
     pub address: String,
+    /// The connection to the control plane, shared with discovery.
+    pub channel: tonic::transport::Channel,
     /// This proxy.
     pub node: Node,
     /// Where the endpoints and their counters are.
@@ -66,11 +68,7 @@ impl LoadReporter {
         last: &mut HashMap<(String, String), Last>,
         sequence: &mut u64,
     ) -> anyhow::Result<()> {
-        let channel = tonic::transport::Endpoint::from_shared(self.address.clone())?
-            .connect_timeout(Duration::from_secs(1))
-            .connect()
-            .await?;
-        let mut client = LoadReportingServiceClient::new(channel);
+        let mut client = LoadReportingServiceClient::new(self.channel.clone());
         let (tx, rx) = mpsc::channel(4);
         tx.send(LoadStatsRequest {
             node: Some(self.node.clone()),
