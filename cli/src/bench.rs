@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// Skip the nginx and HAProxy peers even when they are installed.
     #[arg(long)]
     pub no_peers: bool,
+    /// For `overhead`: `auto` uses oha when it is installed (`cargo install oha`;
+    /// found in PATH or ~/.cargo/bin), else the built-in generator; `oha` or
+    /// `built-in` choose one.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "oha", "built-in"])]
+    pub load_generator: String,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
@@ -94,6 +99,7 @@ pub fn resolve(scenario: &str) -> anyhow::Result<PathBuf> {
 /// `minimesh bench`.
 pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == "overhead" && !Path::new("overhead").is_file() {
+        let generator = overhead::Generator::choose(&args.load_generator)?;
         return overhead::run(
             &home,
             &args.out.join("overhead"),
@@ -101,6 +107,7 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
             args.no_peers,
             args.network,
             args.ingress,
+            generator,
         )
         .await;
     }

@@ -252,29 +252,63 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             String::from_utf8_lossy(&o.stderr)
         );
     };
-    run(&[
-        "overhead",
-        "--scale",
-        "0.1",
-        "--no-peers",
-        "--ingress",
-        &net.addr(252, 30000).to_string(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
-    )
-    .expect("JSON");
-    let paths = v["paths"].as_array().expect("paths");
-    assert_eq!(paths.len(), 3, "{v:#}");
-    for p in paths {
-        assert_eq!(p["errors"], 0, "{p}");
-        assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 100.0, "{p}");
+    let ingress = net.addr(252, 30000).to_string();
+    let overhead = |generator: &str| {
+        run(&[
+            "overhead",
+            "--scale",
+            "0.1",
+            "--no-peers",
+            "--ingress",
+            &ingress,
+            "--load-generator",
+            generator,
+        ]);
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
+        )
+        .expect("JSON");
+        let paths = v["paths"].as_array().expect("paths");
+        assert_eq!(paths.len(), 3, "{v:#}");
+        for p in paths {
+            assert_eq!(p["errors"], 0, "{p}");
+            assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 100.0, "{p}");
+            assert!(p["p50_ms"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
+        }
+        // The proxies' own memory is read from /proc.
+        assert!(
+            paths[1]["peak_rss_mib"].as_f64().unwrap_or(0.0) > 1.0,
+            "{v:#}"
+        );
+        v["load_generator"].as_str().unwrap_or("").to_string()
+    };
+    assert_eq!(overhead("built-in"), "built-in");
+    // oha when installed (`cargo install oha`); otherwise asking for it is an error that says how to get it.
+    let oha = std::env::var_os("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".cargo/bin/oha"))
+        .filter(|p| p.is_file())
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|d| d.join("oha"))
+                .find(|p| p.is_file())
+        });
+    if oha.is_some() {
+        assert!(overhead("oha").starts_with("oha ("));
+    } else {
+        let o = Command::new(bin("minimesh"))
+            .args(["bench", "overhead", "--load-generator", "oha"])
+            .output()
+            .expect("runs");
+        assert!(!o.status.success());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(
+                "--load-generator oha: oha is not installed (cargo install oha), nor in PATH or ~/.cargo/bin"
+            ),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        println!("oha is not installed: the oha path was not run");
     }
-    // The proxies' own memory is read from /proc.
-    assert!(
-        paths[1]["peak_rss_mib"].as_f64().unwrap_or(0.0) > 1.0,
-        "{v:#}"
-    );
 
     run(&["control-plane", "--sidecars", "200"]);
     let v: serde_json::Value = serde_json::from_str(

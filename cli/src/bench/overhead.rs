@@ -9,11 +9,11 @@
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -92,13 +92,148 @@ fn usage(pid: u32) -> (u64, u64) {
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
 const TICKS: f64 = 100.0;
 
+/// What sends the load.
+#[derive(Debug, Clone)]
+pub enum Generator {
+    /// The bench's own driver.
+    BuiltIn,
+    /// oha (`cargo install oha`), at this path.
+    Oha(PathBuf),
+}
+
+impl Generator {
+    /// `auto`, `oha` or `built-in`, as the flag says.
+    pub fn choose(flag: &str) -> anyhow::Result<Generator> {
+        let oha = peers::find("oha").or_else(|| {
+            let home = std::env::var_os("CARGO_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+            Some(home.join("bin").join("oha")).filter(|p| p.is_file())
+        });
+        match (flag, oha) {
+            ("built-in", _) => Ok(Generator::BuiltIn),
+            (_, Some(p)) => Ok(Generator::Oha(p)),
+            ("oha", None) => bail!(
+                "--load-generator oha: oha is not installed (cargo install oha), nor in PATH or ~/.cargo/bin"
+            ),
+            _ => Ok(Generator::BuiltIn),
+        }
+    }
+
+    /// How results name it.
+    pub fn name(&self) -> String {
+        match self {
+            Generator::BuiltIn => "built-in".into(),
+            Generator::Oha(p) => format!("oha ({})", p.display()),
+        }
+    }
+}
+
+/// One oha run: latency quantiles (ms), requests, errors, requests per second.
+struct OhaRun {
+    p50_ms: f64,
+    p99_ms: f64,
+    requests: u64,
+    errors: u64,
+    rps: f64,
+}
+
+/// Runs oha for `duration` over `connections`, at `rate` when given
+/// (with its coordinated-omission correction) or as fast as it can.
+async fn oha(
+    bin: &Path,
+    target: &Target,
+    duration: Duration,
+    connections: usize,
+    rate: Option<f64>,
+) -> anyhow::Result<OhaRun> {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["--no-tui", "--output-format", "json", "-c"])
+        .arg(connections.to_string())
+        .arg("-z")
+        .arg(format!("{}ms", duration.as_millis()))
+        .args(["--host", &target.host])
+        .arg("-t")
+        .arg(format!("{}ms", target.timeout.as_millis()));
+    if let Some(q) = rate {
+        cmd.arg("-q").arg(q.to_string()).arg("--latency-correction");
+    }
+    cmd.arg(format!("http://{}{}", target.addr, target.path));
+    let out = cmd.output().await.context("running oha")?;
+    if !out.status.success() {
+        bail!(
+            "oha failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading oha's JSON output")?;
+    // Requests oha itself cut off when -z ran out are not failures.
+    let count = |m: &serde_json::Value| -> u64 {
+        m.as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| !k.contains("aborted due to deadline"))
+                    .filter_map(|(_, n)| n.as_u64())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let codes = v["statusCodeDistribution"].as_object();
+    let ok: u64 = codes
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| k.starts_with('2'))
+                .filter_map(|(_, n)| n.as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    let all = count(&v["statusCodeDistribution"]);
+    let errors = all - ok + count(&v["errorDistribution"]);
+    let ms = |k: &str| v["latencyPercentiles"][k].as_f64().unwrap_or(0.0) * 1000.0;
+    Ok(OhaRun {
+        p50_ms: ms("p50"),
+        p99_ms: ms("p99"),
+        requests: all + count(&v["errorDistribution"]),
+        errors,
+        rps: v["summary"]["requestsPerSec"].as_f64().unwrap_or(0.0),
+    })
+}
+
 async fn measure(
     name: &str,
     target: Target,
     pids: &[u32],
     rate: f64,
     duration: Duration,
-) -> PathResult {
+    generator: &Generator,
+) -> anyhow::Result<PathResult> {
+    if let Generator::Oha(bin) = generator {
+        // Warm the connections and the proxies' pools.
+        oha(bin, &target, Duration::from_millis(500), 10, Some(rate)).await?;
+        let before: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
+        let fixed = oha(bin, &target, duration, 10, Some(rate)).await?;
+        let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
+        let sat = oha(bin, &target, duration, 64, None).await?;
+        let ticks: u64 = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| a.0.saturating_sub(b.0))
+            .sum();
+        let rss: u64 = after.iter().map(|a| a.1).sum();
+        return Ok(PathResult {
+            path: name.to_string(),
+            p50_ms: fixed.p50_ms,
+            p99_ms: fixed.p99_ms,
+            added_p50_ms: 0.0,
+            added_p99_ms: 0.0,
+            errors: fixed.errors,
+            max_rps: sat.rps,
+            cpu_s_per_1000: (!pids.is_empty())
+                .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
+            peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
+        });
+    }
     // Warm the connections and the proxies' pools.
     let live = Arc::new(Live::default());
     let _ = drive::fixed(
@@ -137,7 +272,7 @@ async fn measure(
     let t0 = Instant::now();
     let (sat, _) = drive::saturate(target, t0, duration, 64, live).await;
     let max_rps = sat.len() as f64 / t0.elapsed().as_secs_f64();
-    PathResult {
+    Ok(PathResult {
         path: name.to_string(),
         p50_ms: lat.med,
         p99_ms: lat.p99,
@@ -148,7 +283,7 @@ async fn measure(
         cpu_s_per_1000: (!pids.is_empty())
             .then(|| ticks as f64 / TICKS / (samples.len().max(1) as f64 / 1000.0)),
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
-    }
+    })
 }
 
 /// Runs the overhead measurement; writes `overhead.json` and `summary.txt` under `out`.
@@ -159,6 +294,7 @@ pub async fn run(
     no_peers: bool,
     network: Option<Ipv4Addr>,
     ingress: Option<SocketAddr>,
+    generator: Generator,
 ) -> anyhow::Result<()> {
     let duration = Duration::from_secs_f64((10.0 * scale).max(1.0));
     let rate = 1000.0;
@@ -166,7 +302,8 @@ pub async fn run(
     let topology = out.join("overhead.topology.yaml");
     std::fs::write(&topology, TOPOLOGY)?;
     println!(
-        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; load generator: built-in"
+        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; load generator: {}",
+        generator.name()
     );
     let mesh = Mesh::start(
         &home.join("bench"),
@@ -177,7 +314,7 @@ pub async fn run(
         },
     )
     .await?;
-    let result = paths(&mesh, out, rate, duration, no_peers).await;
+    let result = paths(&mesh, out, rate, duration, no_peers, &generator).await;
     mesh.stop().await;
     let results = result?;
     let mut s = String::new();
@@ -212,7 +349,7 @@ pub async fn run(
         &serde_json::json!({
             "rate": rate,
             "duration_s": duration.as_secs_f64(),
-            "load_generator": "built-in",
+            "load_generator": generator.name(),
             "paths": results,
         }),
     )
@@ -224,6 +361,7 @@ async fn paths(
     rate: f64,
     duration: Duration,
     no_peers: bool,
+    generator: &Generator,
 ) -> anyhow::Result<Vec<PathResult>> {
     let pod = mesh
         .state
@@ -267,15 +405,24 @@ async fn paths(
     let client_sidecar = mesh.pid(&format!("{}.sidecar", client.name));
     let server_sidecar = mesh.pid(&format!("{}.sidecar", pod.name));
     let mut results = vec![
-        measure("direct", target(pod.app(), "echo"), &[], rate, duration).await,
+        measure(
+            "direct",
+            target(pod.app(), "echo"),
+            &[],
+            rate,
+            duration,
+            generator,
+        )
+        .await?,
         measure(
             "one sidecar (-> app)",
             target(outbound, "echo-direct"),
             &client_sidecar.into_iter().collect::<Vec<_>>(),
             rate,
             duration,
+            generator,
         )
-        .await,
+        .await?,
         measure(
             "sidecar pair (-> sidecar -> app)",
             target(outbound, "echo"),
@@ -285,8 +432,9 @@ async fn paths(
                 .collect::<Vec<_>>(),
             rate,
             duration,
+            generator,
         )
-        .await,
+        .await?,
     ];
     if !no_peers {
         let o = pod.ip.octets();
@@ -317,10 +465,11 @@ async fn paths(
                 &pid.into_iter().collect::<Vec<_>>(),
                 rate,
                 duration,
+                generator,
             )
             .await;
             peer.stop().await;
-            results.push(r);
+            results.push(r?);
         }
     }
     let (b50, b99) = (results[0].p50_ms, results[0].p99_ms);
