@@ -33,17 +33,25 @@ pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> Ex
     block_on_threads(name, None, fut)
 }
 
-/// The same with `threads` worker threads (None: one per core).
+/// The same with `threads` worker threads (None: one per core). One thread
+/// runs everything on the calling thread (tokio's current-thread
+/// scheduler): no work stealing and no cross-thread wake-ups, the cheapest
+/// per request when one core is enough.
 pub fn block_on_threads(
     name: &str,
     threads: Option<usize>,
     fut: impl Future<Output = anyhow::Result<()>>,
 ) -> ExitCode {
     exit_with_parent(name);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        builder.worker_threads(n.max(1));
-    }
+    let mut builder = match threads {
+        Some(0 | 1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

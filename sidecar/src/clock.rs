@@ -1,16 +1,17 @@
 //! A coarse millisecond clock read with one atomic load, so that picks can
-//! check "is this endpoint backing off" without a clock call per request.
+//! check "is this endpoint backing off" without a clock call each. The
+//! request path advances it ([`tick`], one clock read per request); nothing
+//! ticks while the sidecar is idle, so an idle sidecar costs no CPU.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 static NOW_MS: AtomicU64 = AtomicU64::new(1);
 static START: OnceLock<Instant> = OnceLock::new();
 
-/// Milliseconds since the process started, updated every millisecond or so.
+/// Milliseconds since the process started, as of the last [`tick`].
 #[inline]
 pub fn now_ms() -> u64 {
     NOW_MS.load(Ordering::Relaxed)
@@ -21,16 +22,17 @@ pub fn precise_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
-/// Starts the task that advances [`now_ms`]. Idempotent enough: a second
-/// task only writes the same values.
+/// Advances [`now_ms`] to the present and returns it; called as each
+/// request starts and where a fresh time matters (latency observations).
+#[inline]
+pub fn tick() -> u64 {
+    let now = precise_ms();
+    NOW_MS.fetch_max(now, Ordering::Relaxed);
+    now
+}
+
+/// Sets the clock's origin.
 pub fn start() {
     let _ = START.get_or_init(Instant::now);
-    tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tick.tick().await;
-            NOW_MS.store(precise_ms(), Ordering::Relaxed);
-        }
-    });
+    tick();
 }

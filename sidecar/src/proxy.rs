@@ -61,6 +61,7 @@ impl Proxy {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ResponseBody>, Infallible> {
+        crate::clock::tick();
         if req.method() == Method::CONNECT {
             return Ok(local(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -418,7 +419,7 @@ async fn forward(
                     crate::balance::peak_ewma::observe(
                         &ep,
                         elapsed as f64,
-                        crate::clock::now_ms() * 1000,
+                        crate::clock::tick() * 1000,
                     );
                 }
                 let c = &ep.counters;
