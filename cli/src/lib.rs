@@ -33,7 +33,7 @@ pub fn block_on(name: &str, fut: impl Future<Output = anyhow::Result<()>>) -> Ex
     block_on_threads(name, None, fut)
 }
 
-/// The same with `threads` worker threads (None: one per core). One thread
+/// The same with `threads` worker threads (None or 0: one per core). One thread
 /// runs everything on the calling thread (tokio's current-thread
 /// scheduler): no work stealing and no cross-thread wake-ups, the cheapest
 /// per request when one core is enough.
@@ -44,13 +44,13 @@ pub fn block_on_threads(
 ) -> ExitCode {
     exit_with_parent(name);
     let mut builder = match threads {
-        Some(0 | 1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) if n > 1 => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(n);
             b
         }
-        None => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
