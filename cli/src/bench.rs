@@ -222,6 +222,7 @@ async fn start_mesh(
         topology: scenario.topology.clone(),
         network: args.network,
         ingress: args.ingress,
+        sidecar_worker_threads: None,
     };
     Mesh::start(&home.join("bench"), &up)
         .await

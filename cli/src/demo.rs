@@ -58,6 +58,7 @@ pub async fn run(home: PathBuf, args: DemoArgs) -> anyhow::Result<()> {
         topology: args.topology.clone(),
         network: args.network,
         ingress: args.ingress,
+        sidecar_worker_threads: None,
     };
     let mesh = Mesh::start(&home, &up).await?;
     print_summary(&mesh.state);

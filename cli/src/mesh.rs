@@ -40,6 +40,9 @@ pub struct UpArgs {
     /// Override the ingress listener, e.g. 127.0.0.1:30000.
     #[arg(long)]
     pub ingress: Option<SocketAddr>,
+    /// Event loops of each sidecar (its `--worker-threads`; default 1).
+    #[arg(long)]
+    pub sidecar_worker_threads: Option<usize>,
 }
 
 /// Set on every process `minimesh up` starts: the process exits when its
@@ -262,7 +265,13 @@ impl Mesh {
                     .args(["--outbound", &format!("{}:{OUTBOUND_PORT}", pod.ip)])
                     .args(["--inbound", &format!("{}:{}", pod.ip, pod.port)])
                     .args(["--app", &pod.app().to_string()])
-                    .args(["--admin", &pod.admin().to_string()]),
+                    .args(["--admin", &pod.admin().to_string()])
+                    .args(
+                        args.sidecar_worker_threads
+                            .map(|n| ["--worker-threads".to_string(), n.to_string()])
+                            .into_iter()
+                            .flatten(),
+                    ),
             )?;
         }
         if let (Some(listen), Some(admin), Some(ing)) =

@@ -93,10 +93,10 @@ pub struct Args {
     /// Upstream TCP connect timeout.
     #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub connect_timeout: Duration,
-    /// Worker threads of the proxy. Default: 1 in sidecar mode (one pod's
-    /// traffic; a single-threaded event loop is the cheapest per request and
-    /// on 2 cores it reached the same top rate as two threads), one per core
-    /// in gateway mode. 0 means one per core.
+    /// Event loops (threads) serving the proxy listeners, each on its own
+    /// SO_REUSEPORT socket. Default: 1 in sidecar mode (one pod's traffic;
+    /// the cheapest per request), one per core in gateway mode; 0 means one
+    /// per core. Discovery, load reports and admin run on the first.
     #[arg(long, env = "MINIMESH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// On SIGTERM, how long requests in flight may take to finish.
@@ -166,8 +166,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
 
     let mut servers = Vec::new();
-    let outbound = TcpListener::bind(args.outbound)
-        .await
+    let loops = event_loops(&args);
+    let outbound = bind_reuseport(args.outbound, loops)
         .with_context(|| format!("binding outbound address {}", args.outbound))?;
     let out_proxy = Arc::new(Proxy {
         routing: routing.clone(),
@@ -179,17 +179,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         "outbound"
     };
-    servers.push(tokio::spawn(proxy::serve(
+    serve_on_loops(
         name,
         outbound,
         out_proxy,
-        stop_rx.clone(),
+        &stop_rx,
         args.drain,
-    )));
+        &mut servers,
+    )?;
 
     if let (Some(inbound), Some(app)) = (args.inbound, args.app) {
-        let listener = TcpListener::bind(inbound)
-            .await
+        let listener = bind_reuseport(inbound, loops)
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster = Arc::new(ClusterHandle {
             name: "inbound|app".into(),
@@ -222,13 +222,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ready: Arc::new(AtomicBool::new(true)),
             trust_forwarded_for: false,
         });
-        servers.push(tokio::spawn(proxy::serve(
+        serve_on_loops(
             "inbound",
             listener,
             in_proxy,
-            stop_rx.clone(),
+            &stop_rx,
             args.drain,
-        )));
+            &mut servers,
+        )?;
     }
 
     let sweeper = tokio::spawn(pool::sweep_forever(routing.clone()));
@@ -289,4 +290,85 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
+}
+
+/// How many event loops serve the proxy listeners: `--worker-threads`, or
+/// 1 in sidecar mode and one per core in gateway mode (0: one per core).
+pub fn event_loops(args: &Args) -> usize {
+    match (args.worker_threads, args.mode.as_str()) {
+        (Some(0), _) | (None, "gateway") => {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+        (Some(n), _) => n,
+        (None, _) => 1,
+    }
+}
+
+/// Binds `n` listening sockets on `addr` with SO_REUSEPORT (the kernel
+/// spreads new connections over them), or one plain socket when `n` is 1.
+fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net::TcpSocket>> {
+    (0..n.max(1))
+        .map(|_| {
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            if n > 1 {
+                socket.set_reuseport(true)?;
+            }
+            socket.bind(addr)?;
+            Ok(socket)
+        })
+        .collect()
+}
+
+/// Serves `proxy` on each socket: the first on this runtime, each other on
+/// a thread of its own with a single-threaded runtime (thread per core, as
+/// nginx's workers: no work stealing, no cross-thread wake-ups per request).
+/// Endpoint state and config are shared; each loop accepts its own
+/// connections.
+fn serve_on_loops(
+    name: &'static str,
+    sockets: Vec<tokio::net::TcpSocket>,
+    proxy: Arc<Proxy>,
+    stop: &watch::Receiver<bool>,
+    drain: std::time::Duration,
+    servers: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
+    const BACKLOG: u32 = 1024;
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let (proxy, stop) = (proxy.clone(), stop.clone());
+        if i == 0 {
+            let listener = socket.listen(BACKLOG)?;
+            servers.push(tokio::spawn(proxy::serve(
+                name, listener, proxy, stop, drain,
+            )));
+            continue;
+        }
+        let thread = std::thread::Builder::new()
+            .name(format!("{name}-{i}"))
+            .spawn(move || {
+                pool::set_event_loop(i as u16);
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => return tracing::warn!(listener = name, error = %e, "cannot start an event loop"),
+                };
+                rt.block_on(async move {
+                    match socket.listen(BACKLOG) {
+                        Ok(listener) => proxy::serve(name, listener, proxy, stop, drain).await,
+                        Err(e) => tracing::warn!(listener = name, error = %e, "cannot listen"),
+                    }
+                });
+            })
+            .context("starting an event-loop thread")?;
+        servers.push(tokio::spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }));
+    }
+    Ok(())
 }

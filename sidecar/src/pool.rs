@@ -73,10 +73,27 @@ impl UpstreamError {
     }
 }
 
+thread_local! {
+    /// Which event loop this thread runs (see [`set_event_loop`]).
+    static EVENT_LOOP: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
+}
+
+/// Names the event loop of this thread. A connection's I/O runs on the loop
+/// that opened it, so a request prefers an idle connection of its own loop:
+/// no cross-thread wake-up per request.
+pub fn set_event_loop(n: u16) {
+    EVENT_LOOP.with(|l| l.set(n));
+}
+
+fn event_loop() -> u16 {
+    EVENT_LOOP.with(|l| l.get())
+}
+
 struct Idle {
     tx: http1::SendRequest<UpstreamBody>,
     uses: u32,
     since: Instant,
+    owner: u16,
 }
 
 /// One endpoint's connections.
@@ -101,20 +118,26 @@ pub struct Lease {
     tx: http1::SendRequest<UpstreamBody>,
     uses: u32,
     max_uses: u32,
+    owner: u16,
 }
 
 impl ConnPool {
-    fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32)> {
+    fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32, u16)> {
         let now = Instant::now();
+        let here = event_loop();
         loop {
             let idle = {
                 let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                idle.pop()?
+                // The most recent idle connection of this loop, else any.
+                match idle.iter().rposition(|c| c.owner == here) {
+                    Some(i) => idle.swap_remove(i),
+                    None => idle.pop()?,
+                }
             };
             if idle.tx.is_closed() || now.duration_since(idle.since) > idle_timeout {
                 continue; // dropping it closes the connection
             }
-            return Some((idle.tx, idle.uses));
+            return Some((idle.tx, idle.uses, idle.owner));
         }
     }
 
@@ -129,6 +152,7 @@ impl ConnPool {
                 tx: lease.tx,
                 uses: lease.uses,
                 since: Instant::now(),
+                owner: lease.owner,
             });
         }
     }
@@ -156,11 +180,12 @@ impl ConnPool {
         mut req: Request<UpstreamBody>,
     ) -> Result<(Response<Incoming>, Lease), UpstreamError> {
         loop {
-            let (mut tx, uses, reused) = match self.take(settings.idle_timeout) {
-                Some((tx, uses)) => (tx, uses, true),
+            let (mut tx, uses, owner, reused) = match self.take(settings.idle_timeout) {
+                Some((tx, uses, owner)) => (tx, uses, owner, true),
                 None => (
                     self.connect(addr, settings.connect_timeout).await?,
                     0,
+                    event_loop(),
                     false,
                 ),
             };
@@ -173,6 +198,7 @@ impl ConnPool {
                         tx,
                         uses: uses + 1,
                         max_uses: settings.max_requests_per_connection,
+                        owner,
                     };
                     return Ok((resp, lease));
                 }

@@ -5,10 +5,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     minimesh_cli::init_tracing();
     let args = minimesh_sidecar::Args::parse();
-    let threads = match (args.worker_threads, args.mode.as_str()) {
-        (Some(0), _) | (None, "gateway") => None, // one per core
-        (Some(n), _) => Some(n),
-        (None, _) => Some(1),
-    };
-    minimesh_cli::block_on_threads("sidecar", threads, minimesh_sidecar::run(args))
+    // One single-threaded runtime here; more event loops, when asked for,
+    // run on threads of their own (see `--worker-threads`).
+    minimesh_cli::block_on_threads("sidecar", Some(1), minimesh_sidecar::run(args))
 }

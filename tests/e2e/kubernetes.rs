@@ -314,6 +314,14 @@ async fn watches_relist_after_410_and_resume_from_bookmarks() {
             && endpoints_of(v, "backend") == [net.addr(2, 9090).to_string()]
     })
     .await;
+    // Every watcher relists once (each after its own backoff), and only once.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for plural in ["destinationrules", "services", "endpointslices"] {
+        while fake.count(&format!("LIST {plural}")) < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for plural in ["destinationrules", "services", "endpointslices"] {
         assert_eq!(
             fake.count(&format!("LIST {plural}")),

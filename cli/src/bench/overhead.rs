@@ -89,6 +89,10 @@ fn usage(pid: u32) -> (u64, u64) {
     (ticks, hwm)
 }
 
+/// Workers of every proxy compared: nginx `worker_processes`, HAProxy
+/// `nbthread`, the sidecars' `--worker-threads`.
+const PEER_WORKERS: usize = 2;
+
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
 const TICKS: f64 = 100.0;
 
@@ -302,7 +306,7 @@ pub async fn run(
     let topology = out.join("overhead.topology.yaml");
     std::fs::write(&topology, TOPOLOGY)?;
     println!(
-        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; load generator: {}",
+        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; {PEER_WORKERS} workers per proxy; load generator: {}",
         generator.name()
     );
     let mesh = Mesh::start(
@@ -311,6 +315,8 @@ pub async fn run(
             topology: topology.clone(),
             network,
             ingress,
+            // As many event loops as nginx has workers and HAProxy threads.
+            sidecar_worker_threads: Some(PEER_WORKERS),
         },
     )
     .await?;
