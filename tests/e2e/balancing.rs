@@ -195,3 +195,26 @@ async fn warmup_ramps_a_new_endpoint_up_slowly() {
         "after warmup: {late_share}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_event_loops_share_one_balancer() {
+    let net = Net::new(94);
+    let _b1 = net.backend(1, &[]).await;
+    let _b2 = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
+    let _cp = net.control_plane().await;
+    let sc = net.sidecar(100, &["--worker-threads", "2"]).await;
+    // Two loops: the sidecar's own thread plus one more serving the listeners.
+    let threads = std::fs::read_dir(format!("/proc/{}/task", sc.child.id()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(threads >= 2, "{threads} threads");
+    // Connections land on either loop (SO_REUSEPORT); the split stays exact.
+    let c = load(net.addr(100, 15001), "backend", 8, 2000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    for h in [1, 2] {
+        let n = c.by_endpoint[&net.addr(h, 9090).to_string()];
+        assert!((990..=1010).contains(&n), "{:?}", c.by_endpoint);
+    }
+}
