@@ -213,6 +213,26 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
     );
     let st = wait_status(&fake, "other-dr", |s| s["observedGeneration"] == 1).await;
     assert_eq!(accepted(&st).0, "True");
+    assert_eq!(st["policy"], "LEAST_REQUEST");
+    // Pointed at a host that has a rule: refused, and no policy is shown as in force.
+    fake.apply(rule(
+        "other-dr",
+        "backend",
+        json!({"simple": "LEAST_REQUEST"}),
+    ));
+    let st = wait_status(&fake, "other-dr", |s| s["observedGeneration"] == 2).await;
+    assert_eq!(accepted(&st).1, "Conflict");
+    assert_eq!(st["policy"], Value::Null, "{st:#}");
+    fake.apply(rule(
+        "other-dr",
+        "other",
+        json!({"simple": "LEAST_REQUEST"}),
+    ));
+    let st = wait_status(&fake, "other-dr", |s| s["observedGeneration"] == 3).await;
+    assert_eq!(
+        (accepted(&st).0, &st["policy"]),
+        ("True", &json!("LEAST_REQUEST"))
+    );
     wait_sidecar(admin, Duration::from_secs(10), |v| {
         policy_of(v, "other") == "LEAST_REQUEST" && policy_of(v, "backend") == "MAGLEV"
     })
