@@ -204,6 +204,69 @@ async fn oha(
     })
 }
 
+/// The fixed-rate part of a measurement.
+struct Fixed {
+    p50_ms: f64,
+    p99_ms: f64,
+    requests: u64,
+    errors: u64,
+}
+
+impl Generator {
+    /// `rate` requests a second over 10 connections for `duration`.
+    async fn fixed(&self, target: &Target, rate: f64, duration: Duration) -> anyhow::Result<Fixed> {
+        match self {
+            Generator::Oha(bin) => {
+                let r = oha(bin, target, duration, 10, Some(rate)).await?;
+                Ok(Fixed {
+                    p50_ms: r.p50_ms,
+                    p99_ms: r.p99_ms,
+                    requests: r.requests,
+                    errors: r.errors,
+                })
+            }
+            Generator::BuiltIn => {
+                let live = Arc::new(Live::default());
+                let (samples, _) = drive::fixed(
+                    target.clone(),
+                    Instant::now(),
+                    duration,
+                    rate,
+                    10,
+                    true,
+                    live,
+                )
+                .await;
+                let lat =
+                    super::report::Latency::of(samples.iter().map(|s| s.latency_us).collect());
+                Ok(Fixed {
+                    p50_ms: lat.med,
+                    p99_ms: lat.p99,
+                    requests: samples.len() as u64,
+                    errors: samples
+                        .iter()
+                        .filter(|s| !(200..300).contains(&s.status))
+                        .count() as u64,
+                })
+            }
+        }
+    }
+
+    /// Requests a second over 64 connections with no pause, for `duration`.
+    async fn saturate(&self, target: &Target, duration: Duration) -> anyhow::Result<f64> {
+        match self {
+            Generator::Oha(bin) => Ok(oha(bin, target, duration, 64, None).await?.rps),
+            Generator::BuiltIn => {
+                let t0 = Instant::now();
+                let (sat, _) =
+                    drive::saturate(target.clone(), t0, duration, 64, Arc::new(Live::default()))
+                        .await;
+                Ok(sat.len() as f64 / t0.elapsed().as_secs_f64())
+            }
+        }
+    }
+}
+
 async fn measure(
     name: &str,
     target: Target,
@@ -212,80 +275,30 @@ async fn measure(
     duration: Duration,
     generator: &Generator,
 ) -> anyhow::Result<PathResult> {
-    if let Generator::Oha(bin) = generator {
-        // Warm the connections and the proxies' pools.
-        oha(bin, &target, Duration::from_millis(500), 10, Some(rate)).await?;
-        let before: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-        let fixed = oha(bin, &target, duration, 10, Some(rate)).await?;
-        let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-        let sat = oha(bin, &target, duration, 64, None).await?;
-        let ticks: u64 = before
-            .iter()
-            .zip(&after)
-            .map(|(b, a)| a.0.saturating_sub(b.0))
-            .sum();
-        let rss: u64 = after.iter().map(|a| a.1).sum();
-        return Ok(PathResult {
-            path: name.to_string(),
-            p50_ms: fixed.p50_ms,
-            p99_ms: fixed.p99_ms,
-            added_p50_ms: 0.0,
-            added_p99_ms: 0.0,
-            errors: fixed.errors,
-            max_rps: sat.rps,
-            cpu_s_per_1000: (!pids.is_empty())
-                .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
-            peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
-        });
-    }
     // Warm the connections and the proxies' pools.
-    let live = Arc::new(Live::default());
-    let _ = drive::fixed(
-        target.clone(),
-        Instant::now(),
-        Duration::from_millis(500),
-        rate,
-        10,
-        false,
-        live.clone(),
-    )
-    .await;
+    generator
+        .fixed(&target, rate, Duration::from_millis(500))
+        .await?;
     let before: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-    let (samples, _) = drive::fixed(
-        target.clone(),
-        Instant::now(),
-        duration,
-        rate,
-        10,
-        true,
-        live.clone(),
-    )
-    .await;
+    let fixed = generator.fixed(&target, rate, duration).await?;
     let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-    let lat = super::report::Latency::of(samples.iter().map(|s| s.latency_us).collect());
-    let errors = samples
-        .iter()
-        .filter(|s| !(200..300).contains(&s.status))
-        .count() as u64;
+    let max_rps = generator.saturate(&target, duration).await?;
     let ticks: u64 = before
         .iter()
         .zip(&after)
         .map(|(b, a)| a.0.saturating_sub(b.0))
         .sum();
     let rss: u64 = after.iter().map(|a| a.1).sum();
-    let t0 = Instant::now();
-    let (sat, _) = drive::saturate(target, t0, duration, 64, live).await;
-    let max_rps = sat.len() as f64 / t0.elapsed().as_secs_f64();
     Ok(PathResult {
         path: name.to_string(),
-        p50_ms: lat.med,
-        p99_ms: lat.p99,
+        p50_ms: fixed.p50_ms,
+        p99_ms: fixed.p99_ms,
         added_p50_ms: 0.0,
         added_p99_ms: 0.0,
-        errors,
+        errors: fixed.errors,
         max_rps,
         cpu_s_per_1000: (!pids.is_empty())
-            .then(|| ticks as f64 / TICKS / (samples.len().max(1) as f64 / 1000.0)),
+            .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
     })
 }
