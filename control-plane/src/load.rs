@@ -3,19 +3,18 @@
 //! window.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::Stream;
 use minimesh_proto::v1::load_reporting_service_server::LoadReportingService;
 use minimesh_proto::v1::{LoadStatsRequest, LoadStatsResponse};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
+
+use crate::discovery::server::{unboxed, BoxStream, Queued};
 
 /// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
 pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
@@ -287,8 +286,6 @@ pub struct LoadReports {
     pub la: Arc<crate::LoadAwareState>,
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl LoadReportingService for LoadReports {
     type StreamLoadStatsStream = BoxStream<LoadStatsResponse>;
@@ -298,8 +295,7 @@ impl LoadReportingService for LoadReports {
         request: Request<Streaming<LoadStatsRequest>>,
     ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
         let mut inbound = request.into_inner();
-        // Boxed: the channel allocates 32 slots at once, 16 bytes each so.
-        let (tx, rx) = mpsc::channel::<Result<Box<LoadStatsResponse>, Status>>(2);
+        let (tx, rx) = mpsc::channel::<Queued<LoadStatsResponse>>(2);
         let aggregator = self.aggregator.clone();
         let mut interval = self.la.report_interval_ms.subscribe();
         tokio::spawn(async move {
@@ -338,9 +334,6 @@ impl LoadReportingService for LoadReports {
             }
             debug!(node, "load-report stream ended");
         });
-        Ok(Response::new(Box::pin(futures_util::StreamExt::map(
-            ReceiverStream::new(rx),
-            |r| r.map(|b| *b),
-        ))))
+        Ok(Response::new(unboxed(rx)))
     }
 }

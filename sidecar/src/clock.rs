@@ -27,7 +27,11 @@ pub fn precise_ms() -> u64 {
 #[inline]
 pub fn tick() -> u64 {
     let now = precise_ms();
-    NOW_MS.fetch_max(now, Ordering::Relaxed);
+    // A plain store, at most once a millisecond: no read-modify-write on a
+    // line every event loop shares, per request.
+    if now > NOW_MS.load(Ordering::Relaxed) {
+        NOW_MS.store(now, Ordering::Relaxed);
+    }
     now
 }
 

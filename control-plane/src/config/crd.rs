@@ -22,7 +22,8 @@ pub struct RuleStatusResource {
     pub observed_generation: Option<i64>,
     /// The policy in force for the host (`ROUND_ROBIN`, `LEAST_REQUEST`,
     /// `RING_HASH`, `MAGLEV`, `PEAK_EWMA`, `LOAD_AWARE`, …).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Serialized as null when there is none: a merge patch then removes a stale one.
+    #[serde(default)]
     pub policy: Option<String>,
     /// Conditions; `Accepted` says whether minimesh applies the rule.
     #[serde(default)]

@@ -32,10 +32,10 @@ const STREAM_BUFFER: usize = 16;
 /// What a stream task queues: responses are boxed so that the channel's
 /// slots (allocated 32 at a time) cost 16 bytes each, not the message's
 /// size; with thousands of idle streams that is kilobytes per sidecar.
-type Queued<T> = Result<Box<T>, Status>;
+pub(crate) type Queued<T> = Result<Box<T>, Status>;
 
 /// The response stream tonic sends from.
-fn unboxed<T: Send + 'static>(rx: mpsc::Receiver<Queued<T>>) -> BoxStream<T> {
+pub(crate) fn unboxed<T: Send + 'static>(rx: mpsc::Receiver<Queued<T>>) -> BoxStream<T> {
     use futures_util::StreamExt;
     Box::pin(ReceiverStream::new(rx).map(|r| r.map(|b| *b)))
 }
@@ -63,7 +63,8 @@ impl Discovery {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+/// A gRPC response stream.
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Discovery {

@@ -129,7 +129,7 @@ pub async fn run(
                     Api::namespaced_with(client.clone(), &key.namespace, &resource);
                 let status = RuleStatusResource {
                     observed_generation: d.generation,
-                    policy: None,
+                    policy: d.policy.clone(),
                     conditions: vec![Condition {
                         type_: "Accepted".into(),
                         status: if d.accepted { "True" } else { "False" }.into(),
@@ -139,10 +139,7 @@ pub async fn run(
                         last_transition_time: since.clone(),
                     }],
                 };
-                // A merge patch leaves out what it does not name: `policy`
-                // is named even when there is none (null removes it).
-                let mut patch = json!({ "status": status });
-                patch["status"]["policy"] = json!(d.policy);
+                let patch = json!({ "status": status });
                 match api
                     .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
