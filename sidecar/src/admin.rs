@@ -237,7 +237,7 @@ fn metrics(admin: &Admin) -> String {
             );
         }
     }
-    let _ = writeln!(out, "# HELP minimesh_pick_duration_seconds Time to pick an endpoint\n# TYPE minimesh_pick_duration_seconds histogram");
+    let _ = writeln!(out, "# HELP minimesh_pick_duration_seconds Time to pick an endpoint (one pick in 16 per event loop is timed)\n# TYPE minimesh_pick_duration_seconds histogram");
     for (cname, c) in &routing.clusters {
         let labels = format!(
             "cluster=\"{cname}\",policy=\"{}\"",

@@ -24,7 +24,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 use tracing::debug;
 
 /// Body sent upstream: buffered (so that a retry can resend it) or streamed.
@@ -92,7 +91,9 @@ fn event_loop() -> u16 {
 struct Idle {
     tx: http1::SendRequest<UpstreamBody>,
     uses: u32,
-    since: Instant,
+    /// When it went idle ([`crate::clock::now_ms`]: the request path keeps
+    /// that clock fresh, and idle timeouts are seconds, so no clock call).
+    since_ms: u64,
     owner: u16,
 }
 
@@ -123,7 +124,8 @@ pub struct Lease {
 
 impl ConnPool {
     fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32, u16)> {
-        let now = Instant::now();
+        let now = crate::clock::now_ms();
+        let idle_ms = idle_timeout.as_millis() as u64;
         let here = event_loop();
         loop {
             let idle = {
@@ -134,7 +136,7 @@ impl ConnPool {
                     None => idle.pop()?,
                 }
             };
-            if idle.tx.is_closed() || now.duration_since(idle.since) > idle_timeout {
+            if idle.tx.is_closed() || now.saturating_sub(idle.since_ms) > idle_ms {
                 continue; // dropping it closes the connection
             }
             return Some((idle.tx, idle.uses, idle.owner));
@@ -151,7 +153,7 @@ impl ConnPool {
             idle.push(Idle {
                 tx: lease.tx,
                 uses: lease.uses,
-                since: Instant::now(),
+                since_ms: crate::clock::now_ms(),
                 owner: lease.owner,
             });
         }
@@ -159,9 +161,10 @@ impl ConnPool {
 
     /// Closes idle connections older than `idle_timeout` (or already closed).
     pub fn sweep(&self, idle_timeout: Duration) {
-        let now = Instant::now();
+        let now = crate::clock::tick();
+        let idle_ms = idle_timeout.as_millis() as u64;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|c| !c.tx.is_closed() && now.duration_since(c.since) <= idle_timeout);
+        idle.retain(|c| !c.tx.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
     }
 
     /// Idle connections now.

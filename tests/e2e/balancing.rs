@@ -153,8 +153,9 @@ async fn default_policy_is_least_request_and_h2c_and_proxy_form_work() {
         )),
         "{metrics}"
     );
+    // Picks are timed one in 16: of these two, the first.
     assert!(
-        metrics.contains("minimesh_pick_duration_seconds_count{cluster=\"backend.default.svc.cluster.local:80\",policy=\"LEAST_REQUEST\"} 2\n"),
+        metrics.contains("minimesh_pick_duration_seconds_count{cluster=\"backend.default.svc.cluster.local:80\",policy=\"LEAST_REQUEST\"} 1\n"),
         "{metrics}"
     );
     drop(sc);
