@@ -16,6 +16,58 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Per-type state keyed by type name: a few entries at most (one per
+/// resource type), so a vector. A map node would cost over a kilobyte per
+/// connected sidecar, and the control plane holds thousands of them.
+#[derive(Clone, Debug)]
+pub struct TypeMap<V>(Vec<(&'static str, V)>);
+
+impl<V> Default for TypeMap<V> {
+    fn default() -> Self {
+        TypeMap(Vec::new())
+    }
+}
+
+impl<V: Default> TypeMap<V> {
+    /// The entry for `key`, inserted with the default value if missing.
+    pub fn entry(&mut self, key: &'static str) -> &mut V {
+        let i = match self.0.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.0.push((key, V::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
+}
+
+impl<V> TypeMap<V> {
+    /// True when `key` has an entry.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.0.iter().any(|(k, _)| *k == key)
+    }
+
+    /// The entry for `key`, if any.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+        self.0.iter_mut().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// The keys, in insertion order.
+    pub fn keys(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.0.iter().map(|(k, _)| *k)
+    }
+}
+
+impl<V: Serialize> Serialize for TypeMap<V> {
+    /// As a JSON object sorted by key, as the map it stands for.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut sorted: Vec<&(&'static str, V)> = self.0.iter().collect();
+        sorted.sort_by_key(|(k, _)| *k);
+        s.collect_map(sorted.into_iter().map(|(k, v)| (k, v)))
+    }
+}
+
 /// A rejected response.
 #[derive(Clone, Debug, Serialize)]
 pub struct Nack {
@@ -60,7 +112,7 @@ pub struct ProxyStatus {
     /// Connected since (ms since the epoch).
     pub connected_ms: u64,
     /// By short type name (`Cluster`, `ClusterLoadAssignment`, `Route`).
-    pub types: BTreeMap<String, TypeStatus>,
+    pub types: TypeMap<TypeStatus>,
 }
 
 /// All connected proxies.
@@ -89,7 +141,7 @@ impl Registry {
             address: String::new(),
             zone: String::new(),
             connected_ms: now_ms(),
-            types: BTreeMap::new(),
+            types: TypeMap::default(),
         };
         self.lock().insert(id, status);
         StreamHandle {
@@ -138,9 +190,9 @@ impl StreamHandle {
     }
 
     /// Applies `f` to the status of a type.
-    pub fn update(&self, type_url: &str, f: impl FnOnce(&mut TypeStatus)) {
+    pub fn update(&self, type_url: &'static str, f: impl FnOnce(&mut TypeStatus)) {
         if let Some(p) = self.registry.lock().get_mut(&self.id) {
-            f(p.types.entry(short_type(type_url).to_string()).or_default());
+            f(p.types.entry(short_type(type_url)));
         }
     }
 }

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use super::registry::{now_ms, Nack, Registry, StreamHandle};
+use super::registry::{now_ms, Nack, Registry, StreamHandle, TypeMap};
 use crate::cache::{fnv, Snapshot, TypeSnapshot};
 use crate::metrics::Metrics;
 
@@ -79,7 +79,7 @@ impl AggregatedDiscoveryService for Discovery {
         let stream = SotwStream {
             handle: self.registry.connect("sotw"),
             metrics: self.metrics.clone(),
-            types: BTreeMap::new(),
+            types: TypeMap::default(),
             nonce: 0,
             tx,
         };
@@ -95,7 +95,7 @@ impl AggregatedDiscoveryService for Discovery {
         let stream = DeltaStream {
             handle: self.registry.connect("delta"),
             metrics: self.metrics.clone(),
-            types: BTreeMap::new(),
+            types: TypeMap::default(),
             nonce: 0,
             tx,
         };
@@ -130,7 +130,7 @@ struct SotwType {
 struct SotwStream {
     handle: StreamHandle,
     metrics: Arc<Metrics>,
-    types: BTreeMap<&'static str, SotwType>,
+    types: TypeMap<SotwType>,
     nonce: u64,
     tx: mpsc::Sender<Queued<DiscoveryResponse>>,
 }
@@ -161,7 +161,7 @@ impl SotwStream {
                 changed = snapshots.changed() => {
                     if changed.is_err() { break; }
                     let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<&'static str> = self.types.keys().copied().collect();
+                    let types: Vec<&'static str> = self.types.keys().collect();
                     for t in types {
                         if self.maybe_send(t, &snap, false).await.is_err() { break; }
                     }
@@ -177,7 +177,7 @@ impl SotwStream {
         }
         let t = known_type(&req.type_url)?;
         let first = !self.types.contains_key(t);
-        let state = self.types.entry(t).or_default();
+        let state = self.types.entry(t);
         if !req.response_nonce.is_empty() {
             if state.nonce.as_deref() != Some(req.response_nonce.as_str()) {
                 debug!(
@@ -289,7 +289,7 @@ struct DeltaType {
 struct DeltaStream {
     handle: StreamHandle,
     metrics: Arc<Metrics>,
-    types: BTreeMap<&'static str, DeltaType>,
+    types: TypeMap<DeltaType>,
     nonce: u64,
     tx: mpsc::Sender<Queued<DeltaDiscoveryResponse>>,
 }
@@ -320,7 +320,7 @@ impl DeltaStream {
                 changed = snapshots.changed() => {
                     if changed.is_err() { break; }
                     let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<&'static str> = self.types.keys().copied().collect();
+                    let types: Vec<&'static str> = self.types.keys().collect();
                     for t in types {
                         if self.send_diff(t, &snap, false).await.is_err() { break; }
                     }
@@ -340,7 +340,7 @@ impl DeltaStream {
         }
         let t = known_type(&req.type_url)?;
         let first = !self.types.contains_key(t);
-        let state = self.types.entry(t).or_default();
+        let state = self.types.entry(t);
         if first {
             // Envoy's legacy rule: a first request naming nothing is a wildcard.
             state.wildcard = req.resource_names_subscribe.is_empty();
