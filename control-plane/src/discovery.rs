@@ -3,3 +3,4 @@
 
 pub mod registry;
 pub mod server;
+pub(crate) mod session;

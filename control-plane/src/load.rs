@@ -9,12 +9,11 @@ use std::time::Duration;
 use minimesh_proto::v1::load_reporting_service_server::LoadReportingService;
 use minimesh_proto::v1::{LoadStatsRequest, LoadStatsResponse};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::discovery::server::{unboxed, BoxStream, Queued};
+use crate::discovery::session::{drive, BoxStream, Session};
 
 /// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
 pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
@@ -294,46 +293,73 @@ impl LoadReportingService for LoadReports {
         &self,
         request: Request<Streaming<LoadStatsRequest>>,
     ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel::<Queued<LoadStatsResponse>>(2);
-        let aggregator = self.aggregator.clone();
-        let mut interval = self.la.report_interval_ms.subscribe();
-        tokio::spawn(async move {
-            let mut node = String::new();
-            let mut sent_interval = 0;
-            loop {
-                let current = *interval.borrow_and_update();
-                if !node.is_empty() && current != sent_interval {
-                    sent_interval = current;
-                    let resp = LoadStatsResponse {
-                        clusters: vec![],
-                        send_all_clusters: true,
-                        load_reporting_interval_ms: current,
-                    };
-                    if tx.send(Ok(Box::new(resp))).await.is_err() {
-                        return;
-                    }
-                }
-                tokio::select! {
-                    changed = interval.changed() => if changed.is_err() { break },
-                    msg = inbound.message() => {
-                        let Ok(Some(req)) = msg else { break };
-                        if node.is_empty() {
-                            match &req.node {
-                                Some(n) if !n.id.is_empty() => node = n.id.clone(),
-                                _ => {
-                                    let _ = tx.send(Err(Status::invalid_argument("the first load report must name its node"))).await;
-                                    return;
-                                }
-                            }
-                            continue; // the interval is sent at the top of the loop
-                        }
-                        aggregator.add(&node, &req);
-                    }
+        let session = LoadSession {
+            aggregator: self.aggregator.clone(),
+            node: String::new(),
+            sent_interval: 0,
+        };
+        Ok(Response::new(drive(
+            session,
+            request.into_inner(),
+            self.la.report_interval_ms.subscribe(),
+        )))
+    }
+}
+
+/// One sidecar's load-report stream: the first report names the node, and
+/// the control plane answers with the interval it wants, again whenever
+/// that changes.
+struct LoadSession {
+    aggregator: Arc<Aggregator>,
+    node: String,
+    sent_interval: u64,
+}
+
+impl LoadSession {
+    fn send_interval(&mut self, interval: u64, out: &mut VecDeque<LoadStatsResponse>) {
+        if !self.node.is_empty() && interval != self.sent_interval {
+            self.sent_interval = interval;
+            out.push_back(LoadStatsResponse {
+                clusters: vec![],
+                send_all_clusters: true,
+                load_reporting_interval_ms: interval,
+            });
+        }
+    }
+}
+
+impl Session for LoadSession {
+    type Request = LoadStatsRequest;
+    type Response = LoadStatsResponse;
+    type Watched = u64;
+
+    fn on_request(
+        &mut self,
+        req: LoadStatsRequest,
+        interval: &u64,
+        out: &mut VecDeque<LoadStatsResponse>,
+    ) -> Result<(), Status> {
+        if self.node.is_empty() {
+            match &req.node {
+                Some(n) if !n.id.is_empty() => self.node = n.id.clone(),
+                _ => {
+                    return Err(Status::invalid_argument(
+                        "the first load report must name its node",
+                    ))
                 }
             }
-            debug!(node, "load-report stream ended");
-        });
-        Ok(Response::new(unboxed(rx)))
+            self.send_interval(*interval, out);
+            return Ok(());
+        }
+        self.aggregator.add(&self.node, &req);
+        Ok(())
+    }
+
+    fn on_change(&mut self, interval: &u64, out: &mut VecDeque<LoadStatsResponse>) {
+        self.send_interval(*interval, out);
+    }
+
+    fn on_end(&mut self) {
+        debug!(node = self.node, "load-report stream ended");
     }
 }

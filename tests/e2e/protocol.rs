@@ -162,6 +162,47 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     let resync = next(&mut s2).await;
     assert_eq!(resync.version_info, third.version_info);
     assert_eq!(policies(&resync), vec![LbPolicy::LeastRequest as i32]);
+    // The first stream ended when its client closed it: one stream left.
+    connected_becomes(&net, 1).await;
+
+    // An unknown type ends the stream with the reason; none is left.
+    tx2.send(DiscoveryRequest {
+        type_url: "type.googleapis.com/minimesh.v1.Nope".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let err = tokio::time::timeout(Duration::from_secs(5), s2.message())
+        .await
+        .expect("an answer within 5s")
+        .expect_err("the stream fails");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "unknown type_url \"type.googleapis.com/minimesh.v1.Nope\"; this control plane serves type.googleapis.com/minimesh.v1.Cluster, type.googleapis.com/minimesh.v1.ClusterLoadAssignment, type.googleapis.com/minimesh.v1.Route"
+    );
+    connected_becomes(&net, 0).await;
+}
+
+/// Waits (up to 5 s) for the control plane's connected-streams gauge to
+/// read `want`.
+async fn connected_becomes(net: &Net, want: u64) {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let (_, _, body) = get(net.cp_admin(), "localhost", "/metrics")
+            .await
+            .expect("metrics");
+        last = body
+            .lines()
+            .find(|l| l.starts_with("minimesh_xds_connected_proxies "))
+            .unwrap_or("")
+            .to_string();
+        if last == format!("minimesh_xds_connected_proxies {want}") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("connected streams never became {want}; last: {last:?}");
 }
 
 fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {

@@ -1,44 +1,28 @@
-//! The aggregated discovery service. One task per stream: it reads requests
-//! (subscriptions, ACKs, NACKs) and watches the cache, and sends each stream
-//! only what changed for its subscriptions.
+//! The aggregated discovery service. Each stream is a [`Session`]: it reads
+//! requests (subscriptions, ACKs, NACKs) and watches the cache, and sends
+//! each stream only what changed for its subscriptions.
 //!
 //! Semantics (Envoy's xDS): a request whose `response_nonce` is not the last
 //! nonce sent for its type is stale and ignored; a request with
 //! `error_detail` NACKs the last response, and that version is not sent
 //! again; the next change produces a new version.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::pin::Pin;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use futures_util::Stream;
 use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use minimesh_proto::ALL_TYPES;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::registry::{now_ms, Nack, Registry, StreamHandle, TypeMap};
+use super::session::{drive, BoxStream, Session};
 use crate::cache::{fnv, Snapshot, TypeSnapshot};
 use crate::metrics::Metrics;
-
-/// Responses queued per stream before the stream task waits for the client.
-const STREAM_BUFFER: usize = 16;
-
-/// What a stream task queues: responses are boxed so that the channel's
-/// slots (allocated 32 at a time) cost 16 bytes each, not the message's
-/// size; with thousands of idle streams that is kilobytes per sidecar.
-pub(crate) type Queued<T> = Result<Box<T>, Status>;
-
-/// The response stream tonic sends from.
-pub(crate) fn unboxed<T: Send + 'static>(rx: mpsc::Receiver<Queued<T>>) -> BoxStream<T> {
-    use futures_util::StreamExt;
-    Box::pin(ReceiverStream::new(rx).map(|r| r.map(|b| *b)))
-}
 
 /// The discovery service.
 #[derive(Clone)]
@@ -63,9 +47,6 @@ impl Discovery {
     }
 }
 
-/// A gRPC response stream.
-pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Discovery {
     type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
@@ -75,32 +56,36 @@ impl AggregatedDiscoveryService for Discovery {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        self.metrics.connected.inc();
         let stream = SotwStream {
             handle: self.registry.connect("sotw"),
             metrics: self.metrics.clone(),
             types: TypeMap::default(),
             nonce: 0,
-            tx,
         };
-        tokio::spawn(stream.run(request.into_inner(), self.snapshots.clone()));
-        Ok(Response::new(unboxed(rx)))
+        Ok(Response::new(drive(
+            stream,
+            request.into_inner(),
+            self.snapshots.clone(),
+        )))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        self.metrics.connected.inc();
         let stream = DeltaStream {
             handle: self.registry.connect("delta"),
             metrics: self.metrics.clone(),
             types: TypeMap::default(),
             nonce: 0,
-            tx,
         };
-        tokio::spawn(stream.run(request.into_inner(), self.snapshots.clone()));
-        Ok(Response::new(unboxed(rx)))
+        Ok(Response::new(drive(
+            stream,
+            request.into_inner(),
+            self.snapshots.clone(),
+        )))
     }
 }
 
@@ -132,46 +117,41 @@ struct SotwStream {
     metrics: Arc<Metrics>,
     types: TypeMap<SotwType>,
     nonce: u64,
-    tx: mpsc::Sender<Queued<DiscoveryResponse>>,
+}
+
+impl Session for SotwStream {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    type Watched = Arc<Snapshot>;
+
+    fn on_request(
+        &mut self,
+        req: DiscoveryRequest,
+        snap: &Arc<Snapshot>,
+        out: &mut VecDeque<DiscoveryResponse>,
+    ) -> Result<(), Status> {
+        self.request(req, snap, out)
+    }
+
+    fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<DiscoveryResponse>) {
+        let types: Vec<&'static str> = self.types.keys().collect();
+        for t in types {
+            self.maybe_send(t, snap, false, out);
+        }
+    }
+
+    fn on_end(&mut self) {
+        self.metrics.connected.dec();
+    }
 }
 
 impl SotwStream {
-    async fn run(
-        mut self,
-        mut inbound: Streaming<DiscoveryRequest>,
-        mut snapshots: watch::Receiver<Arc<Snapshot>>,
-    ) {
-        self.metrics.connected.inc();
-        loop {
-            tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => {
-                        let snap = snapshots.borrow_and_update().clone();
-                        if let Err(status) = self.on_request(req, &snap).await {
-                            let _ = self.tx.send(Err(status)).await;
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        debug!(error = %e, "discovery stream ended");
-                        break;
-                    }
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() { break; }
-                    let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<&'static str> = self.types.keys().collect();
-                    for t in types {
-                        if self.maybe_send(t, &snap, false).await.is_err() { break; }
-                    }
-                }
-            }
-        }
-        self.metrics.connected.dec();
-    }
-
-    async fn on_request(&mut self, req: DiscoveryRequest, snap: &Snapshot) -> Result<(), Status> {
+    fn request(
+        &mut self,
+        req: DiscoveryRequest,
+        snap: &Snapshot,
+        out: &mut VecDeque<DiscoveryResponse>,
+    ) -> Result<(), Status> {
         if let Some(node) = &req.node {
             self.handle.set_node(node);
         }
@@ -211,19 +191,20 @@ impl SotwStream {
         let resubscribed = names != state.names;
         state.names = names;
         if first || resubscribed {
-            self.maybe_send(t, snap, true).await?;
+            self.maybe_send(t, snap, true, out);
         }
         Ok(())
     }
 
-    async fn maybe_send(
+    fn maybe_send(
         &mut self,
         t: &'static str,
         snap: &Snapshot,
         force: bool,
-    ) -> Result<(), Status> {
+        out: &mut VecDeque<DiscoveryResponse>,
+    ) {
         let Some(state) = self.types.get_mut(t) else {
-            return Ok(());
+            return;
         };
         let empty = Arc::new(TypeSnapshot::default());
         let ts = snap.get(t).unwrap_or(&empty);
@@ -249,7 +230,7 @@ impl SotwStream {
             }
         };
         if !force && state.sent_version.as_deref() == Some(version.as_str()) {
-            return Ok(());
+            return;
         }
         self.nonce += 1;
         let nonce = self.nonce.to_string();
@@ -261,16 +242,12 @@ impl SotwStream {
             s.sent = Some(v);
             s.pushes += 1;
         });
-        let resp = DiscoveryResponse {
+        out.push_back(DiscoveryResponse {
             version_info: version,
             resources,
             type_url: t.to_string(),
             nonce,
-        };
-        self.tx
-            .send(Ok(Box::new(resp)))
-            .await
-            .map_err(|_| Status::cancelled("client went away"))
+        });
     }
 }
 
@@ -291,49 +268,40 @@ struct DeltaStream {
     metrics: Arc<Metrics>,
     types: TypeMap<DeltaType>,
     nonce: u64,
-    tx: mpsc::Sender<Queued<DeltaDiscoveryResponse>>,
+}
+
+impl Session for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    type Watched = Arc<Snapshot>;
+
+    fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        snap: &Arc<Snapshot>,
+        out: &mut VecDeque<DeltaDiscoveryResponse>,
+    ) -> Result<(), Status> {
+        self.request(req, snap, out)
+    }
+
+    fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<DeltaDiscoveryResponse>) {
+        let types: Vec<&'static str> = self.types.keys().collect();
+        for t in types {
+            self.send_diff(t, snap, false, out);
+        }
+    }
+
+    fn on_end(&mut self) {
+        self.metrics.connected.dec();
+    }
 }
 
 impl DeltaStream {
-    async fn run(
-        mut self,
-        mut inbound: Streaming<DeltaDiscoveryRequest>,
-        mut snapshots: watch::Receiver<Arc<Snapshot>>,
-    ) {
-        self.metrics.connected.inc();
-        loop {
-            tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => {
-                        let snap = snapshots.borrow_and_update().clone();
-                        if let Err(status) = self.on_request(req, &snap).await {
-                            let _ = self.tx.send(Err(status)).await;
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        debug!(error = %e, "delta stream ended");
-                        break;
-                    }
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() { break; }
-                    let snap = snapshots.borrow_and_update().clone();
-                    let types: Vec<&'static str> = self.types.keys().collect();
-                    for t in types {
-                        if self.send_diff(t, &snap, false).await.is_err() { break; }
-                    }
-                }
-            }
-        }
-        self.metrics.connected.dec();
-    }
-
-    async fn on_request(
+    fn request(
         &mut self,
         req: DeltaDiscoveryRequest,
         snap: &Snapshot,
+        out: &mut VecDeque<DeltaDiscoveryResponse>,
     ) -> Result<(), Status> {
         if let Some(node) = &req.node {
             self.handle.set_node(node);
@@ -394,19 +362,20 @@ impl DeltaStream {
             }
         }
         if changed {
-            self.send_diff(t, snap, first).await?;
+            self.send_diff(t, snap, first, out);
         }
         Ok(())
     }
 
-    async fn send_diff(
+    fn send_diff(
         &mut self,
         t: &'static str,
         snap: &Snapshot,
         always: bool,
-    ) -> Result<(), Status> {
+        out: &mut VecDeque<DeltaDiscoveryResponse>,
+    ) {
         let Some(state) = self.types.get_mut(t) else {
-            return Ok(());
+            return;
         };
         let empty = Arc::new(TypeSnapshot::default());
         let ts = snap.get(t).unwrap_or(&empty);
@@ -432,7 +401,7 @@ impl DeltaStream {
             .cloned()
             .collect();
         if resources.is_empty() && removed.is_empty() && !always {
-            return Ok(());
+            return;
         }
         for r in &resources {
             state.client.insert(r.name.clone(), r.version.clone());
@@ -458,16 +427,12 @@ impl DeltaStream {
                 "delta push"
             );
         }
-        let resp = DeltaDiscoveryResponse {
+        out.push_back(DeltaDiscoveryResponse {
             system_version_info: ts.version.clone(),
             resources,
             type_url: t.to_string(),
             removed_resources: removed,
             nonce,
-        };
-        self.tx
-            .send(Ok(Box::new(resp)))
-            .await
-            .map_err(|_| Status::cancelled("client went away"))
+        });
     }
 }
