@@ -159,7 +159,7 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         if !args.only.is_empty() && !args.only.contains(name) {
             continue;
         }
-        let r = run_policy(&home, &args, &scenario, &out, name, rule).await?;
+        let r = run_one(&home, &args, &scenario, &out, name, Subject::Policy(rule)).await?;
         let summary = report::k6_summary(&scenario, &r);
         println!("{summary}");
         results.push(r);
@@ -184,7 +184,8 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
             continue;
         };
         for peer in runs {
-            let r = run_peer(&home, &args, &scenario, &out, peer, &binary).await?;
+            let subject = Subject::Peer(peer, &binary);
+            let r = run_one(&home, &args, &scenario, &out, &peer.name, subject).await?;
             println!("{}", report::k6_summary(&scenario, &r));
             results.push(r);
         }
@@ -229,18 +230,52 @@ async fn start_mesh(
         .with_context(|| format!("starting the mesh for {run}"))
 }
 
-async fn run_policy(
+/// What one run puts in front of the scenario's service.
+enum Subject<'a> {
+    /// minimesh's ingress, with this rule applied.
+    Policy(&'a str),
+    /// A peer proxy (nginx or HAProxy, the binary found) beside the ingress.
+    Peer(&'a scenario::Peer, &'a Path),
+}
+
+/// One run in a fresh mesh (the backends, and the same failures), stopped
+/// after it whatever the outcome.
+async fn run_one(
     home: &Path,
     args: &BenchArgs,
     scenario: &Scenario,
     out: &Path,
     name: &str,
-    rule: &str,
+    subject: Subject<'_>,
 ) -> anyhow::Result<RunResult> {
     let mesh = start_mesh(home, args, scenario, name).await?;
-    let result = measure(&mesh, scenario, out, name, rule).await;
+    let result = match subject {
+        Subject::Policy(rule) => measure(&mesh, scenario, out, name, rule).await,
+        Subject::Peer(peer, binary) => peer_run(&mesh, scenario, out, peer, binary).await,
+    };
     mesh.stop().await;
     result
+}
+
+/// The pods of the service the scenario compares.
+fn service_pods(mesh: &Mesh, scenario: &Scenario) -> Vec<crate::mesh::Pod> {
+    mesh.state
+        .pods
+        .iter()
+        .filter(|p| p.service == scenario.service)
+        .cloned()
+        .collect()
+}
+
+/// The load's target: `addr` in front of `pods`.
+fn target(addr: SocketAddr, scenario: &Scenario, pods: &[crate::mesh::Pod]) -> drive::Target {
+    drive::Target {
+        addr,
+        host: scenario.host.clone(),
+        path: scenario.path.clone(),
+        backends: Arc::new(pods.iter().map(|p| p.ip).collect()),
+        timeout: scenario.timeout,
+    }
 }
 
 async fn measure(
@@ -260,13 +295,7 @@ async fn measure(
         .state
         .ingress
         .context("the scenario's topology needs an ingress")?;
-    let pods: Vec<_> = mesh
-        .state
-        .pods
-        .iter()
-        .filter(|p| p.service == scenario.service)
-        .cloned()
-        .collect();
+    let pods = service_pods(mesh, scenario);
     let port = scenario
         .mesh
         .spec
@@ -278,13 +307,7 @@ async fn measure(
         "{}.{}.svc.cluster.local:{port}",
         scenario.service, mesh.state.namespace
     );
-    let target = drive::Target {
-        addr: ingress,
-        host: scenario.host.clone(),
-        path: scenario.path.clone(),
-        backends: Arc::new(pods.iter().map(|p| p.ip).collect()),
-        timeout: scenario.timeout,
-    };
+    let target = target(ingress, scenario, &pods);
     let mut proxies: Vec<String> = mesh
         .state
         .ingress_admin
@@ -320,22 +343,8 @@ async fn drive_with_events(
     (samples, events)
 }
 
-/// One peer run: a fresh mesh for the backends (and the same failures), the
-/// peer in front of the compared service's apps, the same load.
-async fn run_peer(
-    home: &Path,
-    args: &BenchArgs,
-    scenario: &Scenario,
-    out: &Path,
-    peer: &scenario::Peer,
-    binary: &Path,
-) -> anyhow::Result<RunResult> {
-    let mesh = start_mesh(home, args, scenario, &peer.name).await?;
-    let result = peer_run(&mesh, scenario, out, peer, binary).await;
-    mesh.stop().await;
-    result
-}
-
+/// One peer run: the peer in front of the compared service's apps, the
+/// same load.
 async fn peer_run(
     mesh: &Mesh,
     scenario: &Scenario,
@@ -355,13 +364,7 @@ async fn peer_run(
         }
         std::net::IpAddr::V6(_) => bail!("peers need an IPv4 ingress"),
     };
-    let pods: Vec<_> = mesh
-        .state
-        .pods
-        .iter()
-        .filter(|p| p.service == scenario.service)
-        .cloned()
-        .collect();
+    let pods = service_pods(mesh, scenario);
     let config = peers::PeerConfig {
         listen,
         servers: pods.iter().map(|p| (p, peer.weight_of(&p.name))).collect(),
@@ -370,13 +373,7 @@ async fn peer_run(
     };
     let dir = out.join("peers").join(slug(&peer.name));
     let proxy = peers::start(peer.kind, binary, &dir, &config).await?;
-    let target = drive::Target {
-        addr: listen,
-        host: scenario.host.clone(),
-        path: scenario.path.clone(),
-        backends: Arc::new(pods.iter().map(|p| p.ip).collect()),
-        timeout: scenario.timeout,
-    };
+    let target = target(listen, scenario, &pods);
     let (samples, events) = drive_with_events(mesh, scenario, &peer.name, target).await;
     proxy.stop().await;
     Ok(RunResult::new(
