@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// `built-in` choose one.
     #[arg(long, default_value = "auto", value_parser = ["auto", "oha", "built-in"])]
     pub load_generator: String,
+    /// For `overhead`: how many times each path is measured, the paths taking
+    /// turns; the medians are reported (1 to 20).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub rounds: u64,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
@@ -100,16 +104,7 @@ pub fn resolve(scenario: &str) -> anyhow::Result<PathBuf> {
 pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == "overhead" && !Path::new("overhead").is_file() {
         let generator = overhead::Generator::choose(&args.load_generator)?;
-        return overhead::run(
-            &home,
-            &args.out.join("overhead"),
-            args.scale,
-            args.no_peers,
-            args.network,
-            args.ingress,
-            generator,
-        )
-        .await;
+        return overhead::run(&home, &args, generator).await;
     }
     if args.scenario == "control-plane" && !Path::new("control-plane").is_file() {
         if let Some(n) = args.sidecars.iter().find(|n| **n == 0 || **n > 15_000) {

@@ -263,6 +263,8 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             &ingress,
             "--load-generator",
             generator,
+            "--rounds",
+            "2",
         ]);
         let v: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
@@ -270,7 +272,20 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         .expect("JSON");
         let paths = v["paths"].as_array().expect("paths");
         assert_eq!(paths.len(), 3, "{v:#}");
+        assert_eq!(v["rounds"], 2, "{v:#}");
         for p in paths {
+            // Both rounds measured, the median reported between them.
+            let rounds: Vec<f64> = p["max_rps_rounds"]
+                .as_array()
+                .expect("rounds")
+                .iter()
+                .filter_map(serde_json::Value::as_f64)
+                .collect();
+            assert_eq!(rounds.len(), 2, "{p}");
+            assert!(
+                (p["max_rps"].as_f64().unwrap_or(0.0) - (rounds[0] + rounds[1]) / 2.0).abs() < 1e-6,
+                "{p}"
+            );
             assert_eq!(p["errors"], 0, "{p}");
             assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 100.0, "{p}");
             assert!(p["p50_ms"].as_f64().unwrap_or(0.0) > 0.0, "{p}");

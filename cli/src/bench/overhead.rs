@@ -6,6 +6,9 @@
 //! the latency added at a fixed 1,000 requests a second (p50, p99 over the
 //! direct path), the highest rate it reaches with 64 connections, the
 //! proxies' CPU seconds per 1,000 requests and their peak RSS (from /proc).
+//! The paths take turns over several rounds and each figure is the median of
+//! its rounds: on a shared machine one pass per path lets a burst of someone
+//! else's work decide a ratio.
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -42,6 +45,9 @@ pub struct PathResult {
     pub cpu_s_per_1000: Option<f64>,
     /// Peak RSS of the proxies, MiB.
     pub peak_rss_mib: Option<f64>,
+    /// Requests per second at saturation in each round (`max_rps` is their
+    /// median).
+    pub max_rps_rounds: Vec<f64>,
 }
 
 const TOPOLOGY: &str = "# Written by minimesh bench overhead.
@@ -300,26 +306,23 @@ async fn measure(
         cpu_s_per_1000: (!pids.is_empty())
             .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
+        max_rps_rounds: vec![max_rps],
     })
 }
 
-/// Runs the overhead measurement; writes `overhead.json` and `summary.txt` under `out`.
-pub async fn run(
-    home: &Path,
-    out: &Path,
-    scale: f64,
-    no_peers: bool,
-    network: Option<Ipv4Addr>,
-    ingress: Option<SocketAddr>,
-    generator: Generator,
-) -> anyhow::Result<()> {
+/// Runs the overhead measurement; writes `overhead.json` and `summary.txt`
+/// under `--out`/overhead.
+pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> anyhow::Result<()> {
+    let out = &args.out.join("overhead");
+    let (scale, no_peers, rounds) = (args.scale, args.no_peers, args.rounds as usize);
+    let (network, ingress) = (args.network, args.ingress);
     let duration = Duration::from_secs_f64((10.0 * scale).max(1.0));
     let rate = 1000.0;
     std::fs::create_dir_all(out)?;
     let topology = out.join("overhead.topology.yaml");
     std::fs::write(&topology, TOPOLOGY)?;
     println!(
-        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; {PEER_WORKERS} workers per proxy; load generator: {}",
+        "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; {rounds} round(s), the paths taking turns, medians reported; {PEER_WORKERS} workers per proxy; load generator: {}",
         generator.name()
     );
     let mesh = Mesh::start(
@@ -333,19 +336,29 @@ pub async fn run(
         },
     )
     .await?;
-    let result = paths(&mesh, out, rate, duration, no_peers, &generator).await;
+    let result = paths(&mesh, out, rate, duration, no_peers, &generator, rounds).await;
     mesh.stop().await;
     let results = result?;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n{:<34} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>14} {:>10}",
-        "path", "p50", "p99", "+p50", "+p99", "failed", "max rps", "CPU s/1000req", "peak RSS"
+        "\n{:<34} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>17} {:>14} {:>10}",
+        "path",
+        "p50",
+        "p99",
+        "+p50",
+        "+p99",
+        "failed",
+        "max rps",
+        "(rounds' range)",
+        "CPU s/1000req",
+        "peak RSS"
     );
     for r in &results {
-        let _ = writeln!(
+        let _ =
+            writeln!(
             s,
-            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>14} {:>10}",
+            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>17} {:>14} {:>10}",
             r.path,
             r.p50_ms,
             r.p99_ms,
@@ -353,13 +366,18 @@ pub async fn run(
             r.added_p99_ms,
             r.errors,
             r.max_rps,
+            {
+                let lo = r.max_rps_rounds.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.max_rps_rounds.iter().copied().fold(0.0, f64::max);
+                format!("{lo:.0}-{hi:.0}")
+            },
             r.cpu_s_per_1000.map_or("-".into(), |c| format!("{c:.4}")),
             r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.1} MiB"))
         );
     }
     let _ = writeln!(
         s,
-        "(+p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc)"
+        "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc)"
     );
     super::save(
         out,
@@ -368,6 +386,7 @@ pub async fn run(
         &serde_json::json!({
             "rate": rate,
             "duration_s": duration.as_secs_f64(),
+            "rounds": rounds,
             "load_generator": generator.name(),
             "paths": results,
         }),
@@ -381,6 +400,7 @@ async fn paths(
     duration: Duration,
     no_peers: bool,
     generator: &Generator,
+    rounds: usize,
 ) -> anyhow::Result<Vec<PathResult>> {
     let pod = mesh
         .state
@@ -423,44 +443,30 @@ async fn paths(
     };
     let client_sidecar = mesh.pid(&format!("{}.sidecar", client.name));
     let server_sidecar = mesh.pid(&format!("{}.sidecar", pod.name));
-    let mut results = vec![
-        measure(
-            "direct",
-            target(pod.app(), "echo"),
-            &[],
-            rate,
-            duration,
-            generator,
-        )
-        .await?,
-        measure(
-            "one sidecar (-> app)",
+    let mut specs = vec![
+        ("direct".to_string(), target(pod.app(), "echo"), vec![]),
+        (
+            "one sidecar (-> app)".to_string(),
             target(outbound, "echo-direct"),
-            &client_sidecar.into_iter().collect::<Vec<_>>(),
-            rate,
-            duration,
-            generator,
-        )
-        .await?,
-        measure(
-            "sidecar pair (-> sidecar -> app)",
+            client_sidecar.into_iter().collect::<Vec<_>>(),
+        ),
+        (
+            "sidecar pair (-> sidecar -> app)".to_string(),
             target(outbound, "echo"),
-            &client_sidecar
+            client_sidecar
                 .into_iter()
                 .chain(server_sidecar)
                 .collect::<Vec<_>>(),
-            rate,
-            duration,
-            generator,
-        )
-        .await?,
+        ),
     ];
+    // The peers run side by side (one port each) for the whole measurement,
+    // so that the rounds can alternate between every path.
+    let mut running = Vec::new();
     if !no_peers {
         let o = pod.ip.octets();
-        let listen = SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), 30000));
-        for (kind, directives) in [
-            (peers::Kind::Nginx, ""),
-            (peers::Kind::Haproxy, "balance roundrobin"),
+        for (port, kind, directives) in [
+            (30000, peers::Kind::Nginx, ""),
+            (30001, peers::Kind::Haproxy, "balance roundrobin"),
         ] {
             let Some(binary) = peers::find(kind.binary()) else {
                 println!(
@@ -470,31 +476,96 @@ async fn paths(
                 );
                 continue;
             };
+            let listen = SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), port));
             let config = peers::PeerConfig {
                 listen,
                 servers: vec![(&pod, 1)],
                 directives,
                 timeout: Duration::from_secs(10),
             };
-            let peer = peers::start(kind, &binary, &out.join(kind.binary()), &config).await?;
-            let pid = peer.pid();
-            let r = measure(
-                &format!("{} (-> app)", kind.binary()),
+            let peer = match peers::start(kind, &binary, &out.join(kind.binary()), &config).await {
+                Ok(p) => p,
+                Err(e) => {
+                    for p in running {
+                        peers::Peer::stop(p).await;
+                    }
+                    return Err(e);
+                }
+            };
+            specs.push((
+                format!("{} (-> app)", kind.binary()),
                 target(listen, "echo"),
-                &pid.into_iter().collect::<Vec<_>>(),
-                rate,
-                duration,
-                generator,
-            )
-            .await;
-            peer.stop().await;
-            results.push(r?);
+                peer.pid().into_iter().collect(),
+            ));
+            running.push(peer);
         }
     }
+    let measured = rounds_of(&specs, rounds, rate, duration, generator).await;
+    for p in running {
+        p.stop().await;
+    }
+    let mut results = measured?;
     let (b50, b99) = (results[0].p50_ms, results[0].p99_ms);
     for r in &mut results {
         r.added_p50_ms = r.p50_ms - b50;
         r.added_p99_ms = r.p99_ms - b99;
     }
     Ok(results)
+}
+
+/// Measures every path `rounds` times, the paths taking turns within each
+/// round, so that a slow drift of the machine's load (it is shared) falls on
+/// all of them alike; each figure is the median of its rounds (peak RSS: the
+/// highest), and every round's top rate is kept.
+async fn rounds_of(
+    specs: &[(String, Target, Vec<u32>)],
+    rounds: usize,
+    rate: f64,
+    duration: Duration,
+    generator: &Generator,
+) -> anyhow::Result<Vec<PathResult>> {
+    let mut by_path: Vec<Vec<PathResult>> = vec![Vec::new(); specs.len()];
+    for round in 0..rounds {
+        if rounds > 1 {
+            println!("  round {} of {rounds}", round + 1);
+        }
+        for (i, (name, target, pids)) in specs.iter().enumerate() {
+            by_path[i].push(measure(name, target.clone(), pids, rate, duration, generator).await?);
+        }
+    }
+    Ok(by_path.into_iter().map(combine).collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One path's rounds as one result.
+fn combine(rounds: Vec<PathResult>) -> PathResult {
+    let of = |f: fn(&PathResult) -> f64| median(rounds.iter().map(f).collect());
+    let opt = |f: fn(&PathResult) -> Option<f64>| {
+        let v: Vec<f64> = rounds.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    PathResult {
+        path: rounds.first().map(|r| r.path.clone()).unwrap_or_default(),
+        p50_ms: of(|r| r.p50_ms),
+        p99_ms: of(|r| r.p99_ms),
+        added_p50_ms: 0.0,
+        added_p99_ms: 0.0,
+        errors: rounds.iter().map(|r| r.errors).sum(),
+        max_rps: of(|r| r.max_rps),
+        cpu_s_per_1000: opt(|r| r.cpu_s_per_1000),
+        peak_rss_mib: rounds
+            .iter()
+            .filter_map(|r| r.peak_rss_mib)
+            .reduce(f64::max),
+        max_rps_rounds: rounds.iter().map(|r| r.max_rps).collect(),
+    }
 }
