@@ -28,6 +28,8 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
     /// Node id, for the debug view.
     pub node_id: String,
+    /// Each proxy listener's event loops, for their connection counts.
+    pub listeners: Vec<(&'static str, Arc<crate::proxy::Loops>)>,
 }
 
 /// Serves the admin API forever.
@@ -246,6 +248,16 @@ fn metrics(admin: &Admin) -> String {
         c.pick_ns
             .0
             .encode(&mut out, "minimesh_pick_duration_seconds", &labels, 1e-9);
+    }
+    let _ = writeln!(out, "# HELP minimesh_listener_connections Client connections each event loop of a listener serves\n# TYPE minimesh_listener_connections gauge");
+    for (listener, loops) in &admin.listeners {
+        for i in 0..loops.len() {
+            let _ = writeln!(
+                out,
+                "minimesh_listener_connections{{listener=\"{listener}\",loop=\"{i}\"}} {}",
+                loops.open(i)
+            );
+        }
     }
     let _ = writeln!(out, "# HELP minimesh_cluster_retries_total Retries made\n# TYPE minimesh_cluster_retries_total counter");
     for (cname, c) in &routing.clusters {

@@ -153,6 +153,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let loops = event_loops(&args);
+    let name = if args.mode == "gateway" {
+        "gateway"
+    } else {
+        "outbound"
+    };
+    let out_loops = proxy::Loops::new(loops);
+    let in_loops = proxy::Loops::new(loops);
+    let mut listeners = vec![(name, out_loops.clone())];
+    if args.inbound.is_some() && args.app.is_some() {
+        listeners.push(("inbound", in_loops.clone()));
+    }
     let admin_listener = TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding admin address {}", args.admin))?;
@@ -162,11 +174,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             routing: routing.clone(),
             ready: ready.clone(),
             node_id: node.id.clone(),
+            listeners,
         }),
     ));
 
     let mut servers = Vec::new();
-    let loops = event_loops(&args);
     let outbound = bind_reuseport(args.outbound, loops)
         .with_context(|| format!("binding outbound address {}", args.outbound))?;
     let out_proxy = Arc::new(Proxy {
@@ -174,14 +186,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ready: ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
     });
-    let name = if args.mode == "gateway" {
-        "gateway"
-    } else {
-        "outbound"
-    };
     serve_on_loops(
         name,
         outbound,
+        out_loops,
         out_proxy,
         &stop_rx,
         args.drain,
@@ -225,6 +233,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         serve_on_loops(
             "inbound",
             listener,
+            in_loops,
             in_proxy,
             &stop_rx,
             args.drain,
@@ -328,10 +337,12 @@ fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net:
 /// a thread of its own with a single-threaded runtime (thread per core, as
 /// nginx's workers: no work stealing, no cross-thread wake-ups per request).
 /// Endpoint state and config are shared; each loop accepts its own
-/// connections.
+/// connections and hands one to another loop that serves fewer (see
+/// [`proxy::Loops`]).
 fn serve_on_loops(
     name: &'static str,
     sockets: Vec<tokio::net::TcpSocket>,
+    loops: Arc<proxy::Loops>,
     proxy: Arc<Proxy>,
     stop: &watch::Receiver<bool>,
     drain: std::time::Duration,
@@ -339,11 +350,11 @@ fn serve_on_loops(
 ) -> anyhow::Result<()> {
     const BACKLOG: u32 = 1024;
     for (i, socket) in sockets.into_iter().enumerate() {
-        let (proxy, stop) = (proxy.clone(), stop.clone());
+        let (proxy, stop, loops) = (proxy.clone(), stop.clone(), loops.clone());
         if i == 0 {
             let listener = socket.listen(BACKLOG)?;
             servers.push(tokio::spawn(proxy::serve(
-                name, listener, proxy, stop, drain,
+                name, listener, proxy, stop, drain, loops, i,
             )));
             continue;
         }
@@ -360,7 +371,7 @@ fn serve_on_loops(
                 };
                 rt.block_on(async move {
                     match socket.listen(BACKLOG) {
-                        Ok(listener) => proxy::serve(name, listener, proxy, stop, drain).await,
+                        Ok(listener) => proxy::serve(name, listener, proxy, stop, drain, loops, i).await,
                         Err(e) => tracing::warn!(listener = name, error = %e, "cannot listen"),
                     }
                 });

@@ -218,4 +218,47 @@ async fn two_event_loops_share_one_balancer() {
         let n = c.by_endpoint[&net.addr(h, 9090).to_string()];
         assert!((990..=1010).contains(&n), "{:?}", c.by_endpoint);
     }
+
+    // Keep-alive connections are spread evenly over the loops, whichever
+    // socket the kernel's hash gives them (4/4 by the hash alone: 27%).
+    let admin = net.addr(100, 15000);
+    loops_become(admin, [0, 0]).await; // the load's connections are gone
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        let mut c = Conn::open(net.addr(100, 15001)).await.expect("connect");
+        let (status, _, _) = c.get("backend", "/").await.expect("response");
+        assert_eq!(status, 200);
+        conns.push(c);
+    }
+    loops_become(admin, [4, 4]).await;
+    // And are counted out as they close.
+    drop(conns);
+    loops_become(admin, [0, 0]).await;
+}
+
+/// Waits (up to 2 s) for the outbound listener's two loops to serve `want`
+/// connections each.
+async fn loops_become(admin: std::net::SocketAddr, want: [u64; 2]) {
+    let want: Vec<String> = (0..2)
+        .map(|i| {
+            format!(
+                "minimesh_listener_connections{{listener=\"outbound\",loop=\"{i}\"}} {}",
+                want[i]
+            )
+        })
+        .collect();
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        let (_, _, metrics) = get(admin, "localhost", "/metrics").await.expect("metrics");
+        last = metrics
+            .lines()
+            .filter(|l| l.starts_with("minimesh_listener_connections{listener=\"outbound\""))
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("loops never served {want:?}; last: {last:?}");
 }
