@@ -43,8 +43,10 @@ pub struct PathResult {
     pub max_rps: f64,
     /// CPU seconds the proxies used per 1,000 requests at the fixed rate.
     pub cpu_s_per_1000: Option<f64>,
-    /// Peak RSS of the proxies, MiB.
+    /// Peak RSS of the proxies at the fixed rate, MiB.
     pub peak_rss_mib: Option<f64>,
+    /// Peak RSS of the proxies over every round, saturation included, MiB.
+    pub peak_rss_overall_mib: Option<f64>,
     /// Requests per second at saturation in each round (`max_rps` is their
     /// median).
     pub max_rps_rounds: Vec<f64>,
@@ -306,6 +308,7 @@ async fn measure(
         cpu_s_per_1000: (!pids.is_empty())
             .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
+        peak_rss_overall_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
         max_rps_rounds: vec![max_rps],
     })
 }
@@ -377,7 +380,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     }
     let _ = writeln!(
         s,
-        "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc)"
+        "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc; peak RSS at the fixed rate, before any saturation)"
     );
     super::save(
         out,
@@ -562,7 +565,10 @@ fn combine(rounds: Vec<PathResult>) -> PathResult {
         errors: rounds.iter().map(|r| r.errors).sum(),
         max_rps: of(|r| r.max_rps),
         cpu_s_per_1000: opt(|r| r.cpu_s_per_1000),
-        peak_rss_mib: rounds
+        // The first round's: at the fixed rate, before any saturation (the
+        // high-water mark keeps the saturated rounds' peak after them).
+        peak_rss_mib: rounds.first().and_then(|r| r.peak_rss_mib),
+        peak_rss_overall_mib: rounds
             .iter()
             .filter_map(|r| r.peak_rss_mib)
             .reduce(f64::max),
