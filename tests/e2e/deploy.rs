@@ -198,3 +198,103 @@ fn quickstart_script_is_sound_shell() {
         assert!(text.contains(step), "quickstart lacks: {step}");
     }
 }
+
+/// Every series the Grafana dashboard (deploy/dashboards/minimesh.json)
+/// queries is one a live mesh exposes, with the labels the query groups and
+/// filters by: a panel over a renamed metric would show nothing, silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_queries_series_the_mesh_exposes() {
+    use crate::harness::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/dashboards/minimesh.json"))
+            .expect("dashboard"),
+    )
+    .expect("dashboard JSON");
+    let mut exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    exprs.push(
+        dash["templating"]["list"][0]["definition"]
+            .as_str()
+            .expect("cluster variable")
+            .to_string(),
+    );
+    assert!(exprs.len() >= 15, "{exprs:?}");
+
+    // A mesh with traffic, a retry and load reports.
+    let net = Net::new(95);
+    let _b1 = net.backend(1, &[]).await;
+    net.service("backend", &[1]);
+    let _cp = net
+        .control_plane_with(&["--load-report-interval", "200ms"])
+        .await;
+    let _sc = net.sidecar(100, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let c = load(net.addr(100, 15001), "backend", 2, 50).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+
+    // Series name -> every label name it carries, from both /metrics.
+    let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for admin in [net.addr(100, 15000), net.cp_admin()] {
+        let (_, _, text) = get(admin, "localhost", "/metrics").await.expect("metrics");
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (name, rest) = line.split_at(line.find(['{', ' ']).unwrap_or(line.len()));
+            let labels = series.entry(name.to_string()).or_default();
+            if let Some(inner) = rest.strip_prefix('{').and_then(|r| r.split('}').next()) {
+                for pair in inner.split(',') {
+                    if let Some((k, _)) = pair.split_once('=') {
+                        labels.insert(k.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let ident = |s: &str| -> Vec<String> {
+        s.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    for expr in &exprs {
+        let names: Vec<String> = ident(expr)
+            .into_iter()
+            .filter(|w| w.starts_with("minimesh_"))
+            .collect();
+        assert!(!names.is_empty(), "{expr}");
+        let mut have = BTreeSet::new();
+        for n in &names {
+            let labels = series
+                .get(n)
+                .unwrap_or_else(|| panic!("{expr}: no series {n} on a live mesh"));
+            have.extend(labels.iter().cloned());
+        }
+        // Labels it groups by (`by (...)`) or matches (`{label=...}`).
+        let mut used = Vec::new();
+        for part in expr.split("by (").skip(1) {
+            used.extend(ident(part.split(')').next().unwrap_or("")));
+        }
+        for part in expr.split('{').skip(1) {
+            for m in part.split('}').next().unwrap_or("").split(',') {
+                if let Some((k, _)) = m.split_once(['=', '!']) {
+                    used.push(k.trim().trim_end_matches('~').to_string());
+                }
+            }
+        }
+        for l in used {
+            assert!(
+                have.contains(&l),
+                "{expr}: no label {l} on {names:?} ({have:?})"
+            );
+        }
+    }
+}
