@@ -77,8 +77,8 @@ impl Metrics {
         // Every type's counters exist from the start at 0, so that a rate or
         // an increase over them reads 0 rather than no data.
         for t in minimesh_proto::ALL_TYPES {
-            m.pushes.get_or_create(&label(t));
-            m.nacks.get_or_create(&label(t));
+            let _ = m.pushes.get_or_create(&label(t));
+            let _ = m.nacks.get_or_create(&label(t));
         }
         m
     }
