@@ -749,6 +749,34 @@ impl Drop for Open {
     }
 }
 
+/// Serves one client connection on this loop, counted against it until it
+/// ends, and drained with the others at shutdown.
+fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    proxy: &Arc<Proxy>,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+    loops: &Arc<Loops>,
+    me: usize,
+) {
+    loops.open[me].fetch_add(1, Ordering::Relaxed);
+    let open = Open(loops.clone(), me);
+    let _ = stream.set_nodelay(true);
+    let proxy = proxy.clone();
+    let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), svc)
+        .into_owned();
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        let _open = open;
+        if let Err(e) = conn.await {
+            debug!(%peer, error = %e, "connection ended");
+        }
+    });
+}
+
 /// Accepts connections on `listener` (HTTP/1.1 and HTTP/2 cleartext), as
 /// loop `me` of `loops`, until `shutdown` turns true, then lets requests in
 /// flight finish (up to `drain`).
@@ -818,33 +846,21 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        loops.open[me].fetch_add(1, Ordering::Relaxed);
-        let open = Open(loops.clone(), me);
-        let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
-        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _open = open;
-            if let Err(e) = conn.await {
-                debug!(%peer, error = %e, "connection ended");
-            }
-        });
+        serve_connection(stream, peer, &proxy, &graceful, &loops, me);
     }
     loops.handoff[me]
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take();
     drop(listener);
-    // Connections handed over but not yet taken are served here.
+    // Connections handed over but not yet taken are served, and drained
+    // with the rest.
     handed.close();
     while let Ok((std, peer)) = handed.try_recv() {
         loops.open[me].fetch_sub(1, Ordering::Relaxed);
-        drop((std, peer));
+        if let Ok(stream) = TcpStream::from_std(std) {
+            serve_connection(stream, peer, &proxy, &graceful, &loops, me);
+        }
     }
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
