@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use minimesh_proto::v1::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    ErrorDetail, Resource,
 };
 use minimesh_proto::ALL_TYPES;
 use tokio::sync::watch;
@@ -56,36 +57,152 @@ impl AggregatedDiscoveryService for Discovery {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.metrics.connected.inc();
-        let stream = SotwStream {
-            handle: self.registry.connect("sotw"),
-            metrics: self.metrics.clone(),
-            types: TypeMap::default(),
-            nonce: 0,
-        };
-        Ok(Response::new(drive(
-            stream,
-            request.into_inner(),
-            self.snapshots.clone(),
-        )))
+        Ok(Response::new(self.open::<Sotw>(request.into_inner())))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.open::<Delta>(request.into_inner())))
+    }
+}
+
+impl Discovery {
+    fn open<P: Protocol>(&self, inbound: Streaming<P::Request>) -> BoxStream<P::Response> {
         self.metrics.connected.inc();
-        let stream = DeltaStream {
-            handle: self.registry.connect("delta"),
-            metrics: self.metrics.clone(),
+        let stream = XdsStream::<P> {
+            ledger: Ledger {
+                handle: self.registry.connect(P::NAME),
+                metrics: self.metrics.clone(),
+                nonce: 0,
+            },
             types: TypeMap::default(),
-            nonce: 0,
         };
-        Ok(Response::new(drive(
-            stream,
-            request.into_inner(),
-            self.snapshots.clone(),
-        )))
+        drive(stream, inbound, self.snapshots.clone())
+    }
+}
+
+/// What differs between the state-of-the-world and the delta protocol; the
+/// rest (the registry, metrics, nonces, ACK/NACK bookkeeping) is
+/// [`XdsStream`]'s.
+trait Protocol: Send + Unpin + Sized + 'static {
+    /// As the registry and `/debug/proxies` name it.
+    const NAME: &'static str;
+    type Request: Send + 'static;
+    type Response: Send + Unpin + 'static;
+    /// What the stream knows of one resource type.
+    type State: Default + Send + Unpin + 'static;
+
+    fn request(
+        stream: &mut XdsStream<Self>,
+        req: Self::Request,
+        snap: &Snapshot,
+        out: &mut VecDeque<Self::Response>,
+    ) -> Result<(), Status>;
+
+    /// Sends type `t` if the client lacks some of it (always if `force`).
+    fn push(
+        stream: &mut XdsStream<Self>,
+        t: &'static str,
+        snap: &Snapshot,
+        force: bool,
+        out: &mut VecDeque<Self::Response>,
+    );
+}
+
+/// One discovery stream of either protocol.
+struct XdsStream<P: Protocol> {
+    ledger: Ledger,
+    types: TypeMap<P::State>,
+}
+
+/// What a stream records of itself, whatever its protocol: its entry in the
+/// registry (`/debug/proxies`), the metrics, the last nonce.
+struct Ledger {
+    handle: StreamHandle,
+    metrics: Arc<Metrics>,
+    nonce: u64,
+}
+
+impl<P: Protocol> Session for XdsStream<P> {
+    type Request = P::Request;
+    type Response = P::Response;
+    type Watched = Arc<Snapshot>;
+
+    fn on_request(
+        &mut self,
+        req: P::Request,
+        snap: &Arc<Snapshot>,
+        out: &mut VecDeque<P::Response>,
+    ) -> Result<(), Status> {
+        P::request(self, req, snap, out)
+    }
+
+    fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<P::Response>) {
+        // Clusters before endpoints before routes, as xDS orders pushes.
+        for t in ALL_TYPES {
+            if self.types.contains_key(t) {
+                P::push(self, t, snap, false, out);
+            }
+        }
+    }
+
+    fn on_end(&mut self) {
+        self.ledger.metrics.connected.dec();
+    }
+}
+
+impl Ledger {
+    /// Records a request's reply (`nonce`) to the last response of type
+    /// `t`, sent with `sent_nonce` and `sent_version`: an ACK of `acked` or,
+    /// with `error`, a NACK; a request with no nonce replies to nothing (a
+    /// first request). False if the reply is to an older response (stale:
+    /// ignore the request).
+    fn reply(
+        &self,
+        t: &'static str,
+        sent_nonce: Option<&str>,
+        sent_version: Option<&str>,
+        nonce: &str,
+        acked: &str,
+        error: Option<&ErrorDetail>,
+    ) -> bool {
+        if nonce.is_empty() {
+            return true;
+        }
+        if sent_nonce != Some(nonce) {
+            debug!(type_url = t, nonce, "stale request ignored");
+            return false;
+        }
+        if let Some(err) = error {
+            let version = sent_version.unwrap_or_default().to_string();
+            warn!(type_url = t, %version, reason = err.message, "proxy rejected config (NACK)");
+            self.metrics.nack(t);
+            self.handle.update(t, |s| {
+                s.last_nack = Some(Nack {
+                    version,
+                    message: err.message.clone(),
+                    at_ms: now_ms(),
+                })
+            });
+        } else {
+            let v = acked.to_string();
+            self.handle.update(t, |s| s.acked = Some(v));
+        }
+        true
+    }
+
+    /// Counts a push of `version` of type `t`; its nonce.
+    fn pushed(&mut self, t: &'static str, version: &str) -> String {
+        self.nonce += 1;
+        self.metrics.push(t);
+        let v = version.to_string();
+        self.handle.update(t, |s| {
+            s.sent = Some(v);
+            s.pushes += 1;
+        });
+        self.nonce.to_string()
     }
 }
 
@@ -112,76 +229,37 @@ struct SotwType {
     nonce: Option<String>,
 }
 
-struct SotwStream {
-    handle: StreamHandle,
-    metrics: Arc<Metrics>,
-    types: TypeMap<SotwType>,
-    nonce: u64,
-}
+/// The state-of-the-world protocol: every response carries every
+/// subscribed resource of its type.
+struct Sotw;
 
-impl Session for SotwStream {
+impl Protocol for Sotw {
+    const NAME: &'static str = "sotw";
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
-    type Watched = Arc<Snapshot>;
+    type State = SotwType;
 
-    fn on_request(
-        &mut self,
-        req: DiscoveryRequest,
-        snap: &Arc<Snapshot>,
-        out: &mut VecDeque<DiscoveryResponse>,
-    ) -> Result<(), Status> {
-        self.request(req, snap, out)
-    }
-
-    fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<DiscoveryResponse>) {
-        let types: Vec<&'static str> = self.types.keys().collect();
-        for t in types {
-            self.maybe_send(t, snap, false, out);
-        }
-    }
-
-    fn on_end(&mut self) {
-        self.metrics.connected.dec();
-    }
-}
-
-impl SotwStream {
     fn request(
-        &mut self,
+        stream: &mut XdsStream<Self>,
         req: DiscoveryRequest,
         snap: &Snapshot,
         out: &mut VecDeque<DiscoveryResponse>,
     ) -> Result<(), Status> {
         if let Some(node) = &req.node {
-            self.handle.set_node(node);
+            stream.ledger.handle.set_node(node);
         }
         let t = known_type(&req.type_url)?;
-        let first = !self.types.contains_key(t);
-        let state = self.types.entry(t);
-        if !req.response_nonce.is_empty() {
-            if state.nonce.as_deref() != Some(req.response_nonce.as_str()) {
-                debug!(
-                    type_url = t,
-                    nonce = req.response_nonce,
-                    "stale request ignored"
-                );
-                return Ok(());
-            }
-            if let Some(err) = &req.error_detail {
-                let version = state.sent_version.clone().unwrap_or_default();
-                warn!(type_url = t, %version, reason = err.message, "proxy rejected config (NACK)");
-                self.metrics.nack(t);
-                self.handle.update(t, |s| {
-                    s.last_nack = Some(Nack {
-                        version,
-                        message: err.message.clone(),
-                        at_ms: now_ms(),
-                    })
-                });
-            } else {
-                let v = req.version_info.clone();
-                self.handle.update(t, |s| s.acked = Some(v));
-            }
+        let first = !stream.types.contains_key(t);
+        let state = stream.types.entry(t);
+        if !stream.ledger.reply(
+            t,
+            state.nonce.as_deref(),
+            state.sent_version.as_deref(),
+            &req.response_nonce,
+            &req.version_info,
+            req.error_detail.as_ref(),
+        ) {
+            return Ok(());
         }
         let names = if req.resource_names.is_empty() {
             None
@@ -191,19 +269,19 @@ impl SotwStream {
         let resubscribed = names != state.names;
         state.names = names;
         if first || resubscribed {
-            self.maybe_send(t, snap, true, out);
+            Self::push(stream, t, snap, true, out);
         }
         Ok(())
     }
 
-    fn maybe_send(
-        &mut self,
+    fn push(
+        stream: &mut XdsStream<Self>,
         t: &'static str,
         snap: &Snapshot,
         force: bool,
         out: &mut VecDeque<DiscoveryResponse>,
     ) {
-        let Some(state) = self.types.get_mut(t) else {
+        let Some(state) = stream.types.get_mut(t) else {
             return;
         };
         let empty = Arc::new(TypeSnapshot::default());
@@ -232,16 +310,9 @@ impl SotwStream {
         if !force && state.sent_version.as_deref() == Some(version.as_str()) {
             return;
         }
-        self.nonce += 1;
-        let nonce = self.nonce.to_string();
         state.sent_version = Some(version.clone());
+        let nonce = stream.ledger.pushed(t, &version);
         state.nonce = Some(nonce.clone());
-        self.metrics.push(t);
-        let v = version.clone();
-        self.handle.update(t, |s| {
-            s.sent = Some(v);
-            s.pushes += 1;
-        });
         out.push_back(DiscoveryResponse {
             version_info: version,
             resources,
@@ -263,84 +334,44 @@ struct DeltaType {
     sent_version: Option<String>,
 }
 
-struct DeltaStream {
-    handle: StreamHandle,
-    metrics: Arc<Metrics>,
-    types: TypeMap<DeltaType>,
-    nonce: u64,
-}
+/// The incremental protocol: responses carry what changed and what was
+/// removed, by name.
+struct Delta;
 
-impl Session for DeltaStream {
+impl Protocol for Delta {
+    const NAME: &'static str = "delta";
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
-    type Watched = Arc<Snapshot>;
+    type State = DeltaType;
 
-    fn on_request(
-        &mut self,
-        req: DeltaDiscoveryRequest,
-        snap: &Arc<Snapshot>,
-        out: &mut VecDeque<DeltaDiscoveryResponse>,
-    ) -> Result<(), Status> {
-        self.request(req, snap, out)
-    }
-
-    fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<DeltaDiscoveryResponse>) {
-        let types: Vec<&'static str> = self.types.keys().collect();
-        for t in types {
-            self.send_diff(t, snap, false, out);
-        }
-    }
-
-    fn on_end(&mut self) {
-        self.metrics.connected.dec();
-    }
-}
-
-impl DeltaStream {
     fn request(
-        &mut self,
+        stream: &mut XdsStream<Self>,
         req: DeltaDiscoveryRequest,
         snap: &Snapshot,
         out: &mut VecDeque<DeltaDiscoveryResponse>,
     ) -> Result<(), Status> {
         if let Some(node) = &req.node {
-            self.handle.set_node(node);
+            stream.ledger.handle.set_node(node);
         }
         let t = known_type(&req.type_url)?;
-        let first = !self.types.contains_key(t);
-        let state = self.types.entry(t);
+        let first = !stream.types.contains_key(t);
+        let state = stream.types.entry(t);
         if first {
             // Envoy's legacy rule: a first request naming nothing is a wildcard.
             state.wildcard = req.resource_names_subscribe.is_empty();
             state.client = req.initial_resource_versions.clone().into_iter().collect();
         }
-        if !req.response_nonce.is_empty() {
-            if state.nonce.as_deref() != Some(req.response_nonce.as_str()) {
-                debug!(
-                    type_url = t,
-                    nonce = req.response_nonce,
-                    "stale delta request ignored"
-                );
-                return Ok(());
-            }
-            let version = state.sent_version.clone().unwrap_or_default();
-            if let Some(err) = &req.error_detail {
-                warn!(
-                    type_url = t,
-                    reason = err.message,
-                    "proxy rejected config (NACK)"
-                );
-                self.metrics.nack(t);
-                self.handle.update(t, |s| {
-                    s.last_nack = Some(Nack {
-                        version,
-                        message: err.message.clone(),
-                        at_ms: now_ms(),
-                    })
-                });
-            } else {
-                self.handle.update(t, |s| s.acked = Some(version));
-            }
+        // A delta ACK names no version: it is the one last sent.
+        let sent = state.sent_version.as_deref();
+        if !stream.ledger.reply(
+            t,
+            state.nonce.as_deref(),
+            sent,
+            &req.response_nonce,
+            sent.unwrap_or_default(),
+            req.error_detail.as_ref(),
+        ) {
+            return Ok(());
         }
         let mut changed = first;
         for n in &req.resource_names_subscribe {
@@ -362,19 +393,19 @@ impl DeltaStream {
             }
         }
         if changed {
-            self.send_diff(t, snap, first, out);
+            Self::push(stream, t, snap, first, out);
         }
         Ok(())
     }
 
-    fn send_diff(
-        &mut self,
+    fn push(
+        stream: &mut XdsStream<Self>,
         t: &'static str,
         snap: &Snapshot,
         always: bool,
         out: &mut VecDeque<DeltaDiscoveryResponse>,
     ) {
-        let Some(state) = self.types.get_mut(t) else {
+        let Some(state) = stream.types.get_mut(t) else {
             return;
         };
         let empty = Arc::new(TypeSnapshot::default());
@@ -409,16 +440,9 @@ impl DeltaStream {
         for n in &removed {
             state.client.remove(n);
         }
-        self.nonce += 1;
-        let nonce = self.nonce.to_string();
-        state.nonce = Some(nonce.clone());
         state.sent_version = Some(ts.version.clone());
-        self.metrics.push(t);
-        let v = ts.version.clone();
-        self.handle.update(t, |s| {
-            s.sent = Some(v);
-            s.pushes += 1;
-        });
+        let nonce = stream.ledger.pushed(t, &ts.version);
+        state.nonce = Some(nonce.clone());
         if !resources.is_empty() || !removed.is_empty() {
             info!(
                 type_url = t,
