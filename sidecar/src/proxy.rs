@@ -69,7 +69,8 @@ impl Proxy {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ResponseBody>, Infallible> {
-        crate::clock::tick();
+        let start = tokio::time::Instant::now();
+        crate::clock::advance(start);
         if req.method() == Method::CONNECT {
             return Ok(local(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -103,7 +104,7 @@ impl Proxy {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
-        let fut = forward(&cluster, req, authority, hash);
+        let fut = forward(&cluster, req, authority, hash, start);
         let mut forwarded = match cluster.timeout {
             None => fut.await,
             Some(t) => match tokio::time::timeout(t, fut).await {
@@ -250,6 +251,7 @@ async fn forward(
     req: Request<Incoming>,
     authority: Option<Authority>,
     hash: Option<u64>,
+    start: tokio::time::Instant,
 ) -> Response<ResponseBody> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -269,6 +271,9 @@ async fn forward(
 
     // Buffer small bodies so that a retry can resend them.
     let hint = body.size_hint();
+    // The first attempt of a request with no body starts when the request
+    // did: no second clock read. Later ones (or after reading a body) read it.
+    let mut at_start = body.is_end_stream().then_some(start);
     let (buffered, mut streaming) = if body.is_end_stream() {
         (Some(Bytes::new()), None)
     } else if hint.upper().is_some_and(|u| u <= MAX_BUFFERED_BODY) {
@@ -382,7 +387,7 @@ async fn forward(
             std::mem::take(&mut parts.headers)
         };
         let guard = ep.start();
-        let started = tokio::time::Instant::now();
+        let started = at_start.take().unwrap_or_else(tokio::time::Instant::now);
         let more = attempt + 1 < attempts;
         let send = ep.pool.send(ep.addr, &cluster.pool, up);
         let sent = match cluster.per_try_timeout {
@@ -454,13 +459,11 @@ async fn forward(
             }
             Ok((resp, lease)) => {
                 ep.mark_reachable();
-                let elapsed = started.elapsed().as_micros() as u64;
+                let now = tokio::time::Instant::now();
+                let now_ms = crate::clock::advance(now);
+                let elapsed = now.saturating_duration_since(started).as_micros() as u64;
                 if cluster.balancer.policy() == crate::balance::Policy::PeakEwma {
-                    crate::balance::peak_ewma::observe(
-                        &ep,
-                        elapsed as f64,
-                        crate::clock::tick() * 1000,
-                    );
+                    crate::balance::peak_ewma::observe(&ep, elapsed as f64, now_ms * 1000);
                 }
                 let c = &ep.counters;
                 c.latency_us_sum.fetch_add(elapsed, Ordering::Relaxed);
