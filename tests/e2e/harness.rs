@@ -1,6 +1,7 @@
 //! Starts the real binaries on loopback and talks to them over real sockets.
-//! Each test owns a /24 of 127.0.0.0/8 (`Net::new(n)` -> 127.0.n.x), so tests
-//! run in parallel on fixed ports without colliding.
+//! Each test owns a /24 of 127.0.0.0/8 (`Net::new(n)` -> 127.1.n.x), so tests
+//! run in parallel on fixed ports without colliding, and beside a demo or a
+//! benchmark (those use 127.0.n.x) on the same machine.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -87,7 +88,7 @@ impl Net {
     }
 
     pub fn ip(&self, host: u8) -> Ipv4Addr {
-        Ipv4Addr::new(127, 0, self.octet, host)
+        Ipv4Addr::new(127, 1, self.octet, host)
     }
 
     pub fn addr(&self, host: u8, port: u16) -> SocketAddr {
