@@ -185,8 +185,10 @@ impl ConnPool {
         loop {
             let (mut tx, uses, owner, reused) = match self.take(settings.idle_timeout) {
                 Some((tx, uses, owner)) => (tx, uses, owner, true),
+                // Boxed: dialing is rare with keep-alive, and the dial's
+                // state would otherwise widen every request's future.
                 None => (
-                    self.connect(addr, settings.connect_timeout).await?,
+                    Box::pin(self.connect(addr, settings.connect_timeout)).await?,
                     0,
                     event_loop(),
                     false,

@@ -104,13 +104,17 @@ impl Proxy {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
-        let fut = forward(&cluster, req, authority, hash, start);
+        // Built where it is awaited: a future of some kilobytes held in a
+        // local first would be copied once more per request.
         let mut forwarded = match cluster.timeout {
-            None => fut.await,
-            Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(r) => r,
-                Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
-            },
+            None => forward(&cluster, req, authority, hash, start).await,
+            Some(t) => {
+                match tokio::time::timeout(t, forward(&cluster, req, authority, hash, start)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
+                }
+            }
         };
         if let Some(cookie) = set_cookie {
             forwarded.headers_mut().append(header::SET_COOKIE, cookie);
@@ -277,7 +281,7 @@ async fn forward(
     let (buffered, mut streaming) = if body.is_end_stream() {
         (Some(Bytes::new()), None)
     } else if hint.upper().is_some_and(|u| u <= MAX_BUFFERED_BODY) {
-        match body.collect().await {
+        match Box::pin(body.collect()).await {
             Ok(c) => (Some(c.to_bytes()), None),
             Err(e) => {
                 return local(
@@ -362,37 +366,22 @@ async fn forward(
             );
         };
         if attempt > 0 && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &ep)) {
-            tokio::time::sleep(RETRY_BACKOFF * (1 << (attempt - 1).min(4))).await;
+            Box::pin(tokio::time::sleep(
+                RETRY_BACKOFF * (1 << (attempt - 1).min(4)),
+            ))
+            .await;
         }
-        let uri = Uri::builder()
-            .scheme("http")
-            .authority(ep.authority.clone())
-            .path_and_query(path.clone())
-            .build();
-        let Ok(uri) = uri else {
-            return local(StatusCode::BAD_REQUEST, "bad request path");
-        };
-        let up_body = match (&buffered, streaming.take()) {
-            (Some(b), _) => Either::Left(Full::new(b.clone())),
-            (None, Some(s)) => Either::Right(s),
-            (None, None) => return local(StatusCode::BAD_GATEWAY, "request body already sent"),
-        };
-        let mut up = Request::new(up_body);
-        *up.method_mut() = parts.method.clone();
-        *up.uri_mut() = uri;
-        *up.version_mut() = Version::HTTP_11;
-        *up.headers_mut() = if attempt + 1 < attempts {
-            parts.headers.clone()
-        } else {
-            std::mem::take(&mut parts.headers)
+        let more = attempt + 1 < attempts;
+        let up = match upstream_request(&ep, &mut parts, &path, &buffered, &mut streaming, more) {
+            Ok(up) => up,
+            Err((status, reason)) => return local(status, reason),
         };
         let guard = ep.start();
         let started = at_start.take().unwrap_or_else(tokio::time::Instant::now);
-        let more = attempt + 1 < attempts;
-        let send = ep.pool.send(ep.addr, &cluster.pool, up);
+        // The send future is built where it is awaited (see `handle`).
         let sent = match cluster.per_try_timeout {
-            None => Ok(send.await),
-            Some(t) => tokio::time::timeout(t, send).await,
+            None => Ok(ep.pool.send(ep.addr, &cluster.pool, up).await),
+            Some(t) => tokio::time::timeout(t, ep.pool.send(ep.addr, &cluster.pool, up)).await,
         };
         let sent = match sent {
             Ok(result) => result,
@@ -523,6 +512,40 @@ async fn forward(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("all {attempts} attempts failed; last: {last_error}"),
     )
+}
+
+/// One attempt's request to `ep`: the caller's, with the endpoint's
+/// authority; its headers are copied when another attempt may need them
+/// (`more`), else moved. Or the status and reason to answer with.
+fn upstream_request(
+    ep: &EndpointState,
+    parts: &mut http::request::Parts,
+    path: &http::uri::PathAndQuery,
+    buffered: &Option<Bytes>,
+    streaming: &mut Option<Incoming>,
+    more: bool,
+) -> Result<Request<UpstreamBody>, (StatusCode, &'static str)> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(ep.authority.clone())
+        .path_and_query(path.clone())
+        .build()
+        .map_err(|_| (StatusCode::BAD_REQUEST, "bad request path"))?;
+    let body = match (buffered, streaming.take()) {
+        (Some(b), _) => Either::Left(Full::new(b.clone())),
+        (None, Some(s)) => Either::Right(s),
+        (None, None) => return Err((StatusCode::BAD_GATEWAY, "request body already sent")),
+    };
+    let mut up = Request::new(body);
+    *up.method_mut() = parts.method.clone();
+    *up.uri_mut() = uri;
+    *up.version_mut() = Version::HTTP_11;
+    *up.headers_mut() = if more {
+        parts.headers.clone()
+    } else {
+        std::mem::take(&mut parts.headers)
+    };
+    Ok(up)
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
