@@ -290,11 +290,17 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 100.0, "{p}");
             assert!(p["p50_ms"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
         }
-        // The proxies' own memory is read from /proc.
+        // The proxies' own memory and CPU are read from /proc; the direct
+        // path has no proxy to measure.
         assert!(
             paths[1]["peak_rss_mib"].as_f64().unwrap_or(0.0) > 1.0,
             "{v:#}"
         );
+        assert!(paths[0]["cpu_us_per_request_saturated"].is_null(), "{v:#}");
+        let sat = paths[1]["cpu_us_per_request_saturated"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert!(sat > 0.5 && sat < 10_000.0, "{v:#}");
         v["load_generator"].as_str().unwrap_or("").to_string()
     };
     assert_eq!(overhead("built-in"), "built-in");

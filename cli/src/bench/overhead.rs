@@ -5,7 +5,8 @@
 //! installed. For each path:
 //! the latency added at a fixed 1,000 requests a second (p50, p99 over the
 //! direct path), the highest rate it reaches with 64 connections, the
-//! proxies' CPU seconds per 1,000 requests and their peak RSS (from /proc).
+//! proxies' CPU seconds per 1,000 requests at the fixed rate and CPU per
+//! request at the highest, and their peak RSS (from /proc).
 //! The paths take turns over several rounds and each figure is the median of
 //! its rounds: on a shared machine one pass per path lets a burst of someone
 //! else's work decide a ratio.
@@ -43,6 +44,10 @@ pub struct PathResult {
     pub max_rps: f64,
     /// CPU seconds the proxies used per 1,000 requests at the fixed rate.
     pub cpu_s_per_1000: Option<f64>,
+    /// CPU the proxies used per request at saturation, microseconds: what
+    /// they take from the generator and the backend sharing the cores, and
+    /// so what the top rate depends on.
+    pub cpu_us_per_request_saturated: Option<f64>,
     /// Peak RSS of the proxies at the fixed rate, MiB.
     pub peak_rss_mib: Option<f64>,
     /// Peak RSS of the proxies over every round, saturation included, MiB.
@@ -260,16 +265,23 @@ impl Generator {
         }
     }
 
-    /// Requests a second over 64 connections with no pause, for `duration`.
-    async fn saturate(&self, target: &Target, duration: Duration) -> anyhow::Result<f64> {
+    /// Requests a second over 64 connections with no pause, for
+    /// `duration`, and the requests made.
+    async fn saturate(&self, target: &Target, duration: Duration) -> anyhow::Result<(f64, u64)> {
         match self {
-            Generator::Oha(bin) => Ok(oha(bin, target, duration, 64, None).await?.rps),
+            Generator::Oha(bin) => {
+                let r = oha(bin, target, duration, 64, None).await?;
+                Ok((r.rps, r.requests))
+            }
             Generator::BuiltIn => {
                 let t0 = Instant::now();
                 let (sat, _) =
                     drive::saturate(target.clone(), t0, duration, 64, Arc::new(Live::default()))
                         .await;
-                Ok(sat.len() as f64 / t0.elapsed().as_secs_f64())
+                Ok((
+                    sat.len() as f64 / t0.elapsed().as_secs_f64(),
+                    sat.len() as u64,
+                ))
             }
         }
     }
@@ -290,12 +302,16 @@ async fn measure(
     let before: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
     let fixed = generator.fixed(&target, rate, duration).await?;
     let after: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
-    let max_rps = generator.saturate(&target, duration).await?;
-    let ticks: u64 = before
-        .iter()
-        .zip(&after)
-        .map(|(b, a)| a.0.saturating_sub(b.0))
-        .sum();
+    let (max_rps, saturated) = generator.saturate(&target, duration).await?;
+    let end: Vec<_> = pids.iter().map(|p| usage(*p)).collect();
+    let spent = |from: &[(u64, u64)], to: &[(u64, u64)]| -> u64 {
+        from.iter()
+            .zip(to)
+            .map(|(b, a)| a.0.saturating_sub(b.0))
+            .sum()
+    };
+    let ticks = spent(&before, &after);
+    let ticks_saturated = spent(&after, &end);
     let rss: u64 = after.iter().map(|a| a.1).sum();
     Ok(PathResult {
         path: name.to_string(),
@@ -307,6 +323,8 @@ async fn measure(
         max_rps,
         cpu_s_per_1000: (!pids.is_empty())
             .then(|| ticks as f64 / TICKS / (fixed.requests.max(1) as f64 / 1000.0)),
+        cpu_us_per_request_saturated: (!pids.is_empty())
+            .then(|| ticks_saturated as f64 / TICKS * 1e6 / saturated.max(1) as f64),
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
         peak_rss_overall_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
         max_rps_rounds: vec![max_rps],
@@ -345,7 +363,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n{:<34} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>17} {:>14} {:>10}",
+        "\n{:<34} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>17} {:>14} {:>14} {:>10}",
         "path",
         "p50",
         "p99",
@@ -355,13 +373,14 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         "max rps",
         "(rounds' range)",
         "CPU s/1000req",
+        "CPU us/req sat",
         "peak RSS"
     );
     for r in &results {
         let _ =
             writeln!(
             s,
-            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>17} {:>14} {:>10}",
+            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>17} {:>14} {:>14} {:>10}",
             r.path,
             r.p50_ms,
             r.p99_ms,
@@ -375,12 +394,14 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
                 format!("{lo:.0}-{hi:.0}")
             },
             r.cpu_s_per_1000.map_or("-".into(), |c| format!("{c:.4}")),
+            r.cpu_us_per_request_saturated
+                .map_or("-".into(), |c| format!("{c:.1}")),
             r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.1} MiB"))
         );
     }
     let _ = writeln!(
         s,
-        "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc; peak RSS at the fixed rate, before any saturation)"
+        "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc: CPU s/1000req at the fixed rate, CPU us/req at saturation; peak RSS at the fixed rate, before any saturation)"
     );
     super::save(
         out,
@@ -565,6 +586,7 @@ fn combine(rounds: Vec<PathResult>) -> PathResult {
         errors: rounds.iter().map(|r| r.errors).sum(),
         max_rps: of(|r| r.max_rps),
         cpu_s_per_1000: opt(|r| r.cpu_s_per_1000),
+        cpu_us_per_request_saturated: opt(|r| r.cpu_us_per_request_saturated),
         // The first round's: at the fixed rate, before any saturation (the
         // high-water mark keeps the saturated rounds' peak after them).
         peak_rss_mib: rounds.first().and_then(|r| r.peak_rss_mib),
