@@ -134,6 +134,7 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 /// Runs the sidecar until SIGINT or SIGTERM, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     clock::start();
+    pool::set_event_loops(event_loops(&args));
     let node = Node {
         id: args
             .node_id

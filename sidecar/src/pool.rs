@@ -1,11 +1,13 @@
 //! Upstream HTTP/1.1 connections, pooled per endpoint.
 //!
-//! Each endpoint keeps a short stack of idle connections. A request takes
-//! one (or dials a new one), and its response body gives it back once read
-//! to the end, unless the connection has carried `max_requests_per_connection`
-//! requests. Idle connections older than the idle timeout are closed by
-//! [`ConnPool::sweep`] and skipped at checkout. The lock guards only a push or a pop,
-//! never an await.
+//! Each endpoint keeps a short stack of idle connections per event loop. A
+//! request takes one of its loop's (else another loop's, else dials a new
+//! one), and its response body gives it back to the loop that opened it once
+//! read to the end, unless the connection has carried
+//! `max_requests_per_connection` requests. Idle connections older than the
+//! idle timeout are closed by [`ConnPool::sweep`] and skipped at checkout.
+//! Each stack's lock guards only a push or a pop, never an await, and with a
+//! stack per loop (on its own cache line) the loops do not contend for it.
 //!
 //! Our own pool rather than hyper-util's: Istio's `connectionPool` fields
 //! (`tcp.connectTimeout`, `http.idleTimeout`, `http.maxRequestsPerConnection`)
@@ -13,7 +15,7 @@
 //! users compare balancers by.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +31,8 @@ use tracing::debug;
 /// Body sent upstream: buffered (so that a retry can resend it) or streamed.
 pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 
-/// Idle connections kept per endpoint at most; more are closed when freed.
+/// Idle connections kept per endpoint at most (over all its loops' stacks);
+/// more are closed when freed.
 pub const MAX_IDLE_PER_ENDPOINT: usize = 256;
 
 /// Istio's default `connectionPool.http.idleTimeout`.
@@ -77,6 +80,15 @@ thread_local! {
     static EVENT_LOOP: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
 }
 
+/// How many event loops there are; pools made from now on keep a stack per
+/// loop. Set once at startup, before any endpoint exists.
+static EVENT_LOOPS: AtomicUsize = AtomicUsize::new(1);
+
+/// Sets how many event loops serve requests (see [`EVENT_LOOPS`]).
+pub fn set_event_loops(n: usize) {
+    EVENT_LOOPS.store(n.clamp(1, u16::MAX as usize), Ordering::Relaxed);
+}
+
 /// Names the event loop of this thread. A connection's I/O runs on the loop
 /// that opened it, so a request prefers an idle connection of its own loop:
 /// no cross-thread wake-up per request.
@@ -97,12 +109,30 @@ struct Idle {
     owner: u16,
 }
 
-/// One endpoint's connections.
+/// One event loop's idle connections to an endpoint, on a cache line of its
+/// own so that two loops' stacks never share one.
 #[derive(Default)]
+#[repr(align(64))]
+struct Stack(Mutex<Vec<Idle>>);
+
+impl Stack {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One endpoint's connections.
 pub struct ConnPool {
-    idle: Mutex<Vec<Idle>>,
+    /// Indexed by event loop.
+    idle: Box<[Stack]>,
     /// Connections open now (busy and idle).
     pub open: Arc<AtomicU32>,
+}
+
+impl Default for ConnPool {
+    fn default() -> Self {
+        ConnPool::with_loops(EVENT_LOOPS.load(Ordering::Relaxed))
+    }
 }
 
 impl std::fmt::Debug for ConnPool {
@@ -123,19 +153,21 @@ pub struct Lease {
 }
 
 impl ConnPool {
+    fn with_loops(loops: usize) -> Self {
+        ConnPool {
+            idle: (0..loops.max(1)).map(|_| Stack::default()).collect(),
+            open: Arc::default(),
+        }
+    }
+
     fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32, u16)> {
         let now = crate::clock::now_ms();
         let idle_ms = idle_timeout.as_millis() as u64;
-        let here = event_loop();
+        let n = self.idle.len();
+        let here = event_loop() as usize % n;
         loop {
-            let idle = {
-                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                // The most recent idle connection of this loop, else any.
-                match idle.iter().rposition(|c| c.owner == here) {
-                    Some(i) => idle.swap_remove(i),
-                    None => idle.pop()?,
-                }
-            };
+            // The most recent idle connection of this loop, else another's.
+            let idle = (0..n).find_map(|k| self.idle[(here + k) % n].lock().pop())?;
             if idle.tx.is_closed() || now.saturating_sub(idle.since_ms) > idle_ms {
                 continue; // dropping it closes the connection
             }
@@ -148,8 +180,9 @@ impl ConnPool {
         if lease.tx.is_closed() || (lease.max_uses > 0 && lease.uses >= lease.max_uses) {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < MAX_IDLE_PER_ENDPOINT {
+        let n = self.idle.len();
+        let mut idle = self.idle[lease.owner as usize % n].lock();
+        if idle.len() < (MAX_IDLE_PER_ENDPOINT / n).max(1) {
             idle.push(Idle {
                 tx: lease.tx,
                 uses: lease.uses,
@@ -163,13 +196,16 @@ impl ConnPool {
     pub fn sweep(&self, idle_timeout: Duration) {
         let now = crate::clock::tick();
         let idle_ms = idle_timeout.as_millis() as u64;
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|c| !c.tx.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
+        for stack in self.idle.iter() {
+            stack
+                .lock()
+                .retain(|c| !c.tx.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
+        }
     }
 
     /// Idle connections now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map(|i| i.len()).unwrap_or(0)
+        self.idle.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Sends `req` to `addr` on an idle connection or a new one. A request
@@ -315,6 +351,26 @@ mod tests {
         idle_timeout: DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
     };
+
+    #[tokio::test]
+    async fn a_loop_takes_an_idle_connection_of_another_loop_rather_than_dial() {
+        let (addr, conns) = server(false).await;
+        let pool = ConnPool::with_loops(2);
+        set_event_loop(1);
+        roundtrip(&pool, addr, &SETTINGS).await;
+        set_event_loop(0);
+        roundtrip(&pool, addr, &SETTINGS).await;
+        assert_eq!(
+            conns.load(Ordering::Relaxed),
+            1,
+            "one connection serves both"
+        );
+        assert_eq!(
+            (pool.idle[0].lock().len(), pool.idle[1].lock().len()),
+            (0, 1),
+            "given back to the loop that opened it"
+        );
+    }
 
     #[tokio::test]
     async fn reuses_connections_and_honours_max_requests_per_connection() {
