@@ -1,8 +1,8 @@
 //! A coarse millisecond clock read with one atomic load, so that picks can
 //! check "is this endpoint backing off" without a clock call each. The
-//! request path advances it ([`advance`] with the clock reads it makes anyway
-//! to time each request); nothing
-//! ticks while the sidecar is idle, so an idle sidecar costs no CPU.
+//! request path advances it ([`advance`], with the clock reads it makes
+//! anyway to time each request); nothing ticks while the sidecar is idle, so
+//! an idle sidecar costs no CPU.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
