@@ -13,7 +13,7 @@ use std::sync::Arc;
 use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-    ErrorDetail, Resource,
+    ErrorDetail, Node, Resource,
 };
 use minimesh_proto::ALL_TYPES;
 use tokio::sync::watch;
@@ -153,6 +153,22 @@ impl<P: Protocol> Session for XdsStream<P> {
     }
 }
 
+impl<P: Protocol> XdsStream<P> {
+    /// What every request starts with: the node it names (the first of a
+    /// stream does), its type, and whether it is the first for that type.
+    fn begin(
+        &mut self,
+        node: Option<&Node>,
+        type_url: &str,
+    ) -> Result<(&'static str, bool), Status> {
+        if let Some(node) = node {
+            self.ledger.handle.set_node(node);
+        }
+        let t = known_type(type_url)?;
+        Ok((t, !self.types.contains_key(t)))
+    }
+}
+
 impl Ledger {
     /// Records a request's reply (`nonce`) to the last response of type
     /// `t`, sent with `sent_nonce` and `sent_version`: an ACK of `acked` or,
@@ -245,11 +261,7 @@ impl Protocol for Sotw {
         snap: &Snapshot,
         out: &mut VecDeque<DiscoveryResponse>,
     ) -> Result<(), Status> {
-        if let Some(node) = &req.node {
-            stream.ledger.handle.set_node(node);
-        }
-        let t = known_type(&req.type_url)?;
-        let first = !stream.types.contains_key(t);
+        let (t, first) = stream.begin(req.node.as_ref(), &req.type_url)?;
         let state = stream.types.entry(t);
         if !stream.ledger.reply(
             t,
@@ -350,11 +362,7 @@ impl Protocol for Delta {
         snap: &Snapshot,
         out: &mut VecDeque<DeltaDiscoveryResponse>,
     ) -> Result<(), Status> {
-        if let Some(node) = &req.node {
-            stream.ledger.handle.set_node(node);
-        }
-        let t = known_type(&req.type_url)?;
-        let first = !stream.types.contains_key(t);
+        let (t, first) = stream.begin(req.node.as_ref(), &req.type_url)?;
         let state = stream.types.entry(t);
         if first {
             // Envoy's legacy rule: a first request naming nothing is a wildcard.
