@@ -134,7 +134,8 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 /// Runs the sidecar until SIGINT or SIGTERM, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     clock::start();
-    pool::set_event_loops(event_loops(&args));
+    let loops = event_loops(&args);
+    pool::set_event_loops(loops);
     let node = Node {
         id: args
             .node_id
@@ -154,7 +155,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let loops = event_loops(&args);
     let name = if args.mode == "gateway" {
         "gateway"
     } else {

@@ -803,6 +803,31 @@ fn serve_connection(
     });
 }
 
+/// Hands a connection loop `me` accepted to the loop serving the fewest,
+/// counted against that loop until it takes it; or gives it back to serve
+/// here (this loop is the least loaded, or the other one has stopped). None
+/// if the connection was handed over, or lost in the move.
+fn hand_over(
+    loops: &Loops,
+    me: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<(TcpStream, SocketAddr)> {
+    let to = loops.least(me);
+    let Some(tx) = (to != me).then(|| loops.sender(to)).flatten() else {
+        return Some((stream, peer));
+    };
+    let std = stream.into_std().ok()?;
+    loops.open[to].fetch_add(1, Ordering::Relaxed);
+    match tx.send((std, peer)) {
+        Ok(()) => None,
+        Err(mpsc::error::SendError((std, _))) => {
+            loops.open[to].fetch_sub(1, Ordering::Relaxed);
+            TcpStream::from_std(std).ok().map(|s| (s, peer))
+        }
+    }
+}
+
 /// Accepts connections on `listener` (HTTP/1.1 and HTTP/2 cleartext), as
 /// loop `me` of `loops`, until `shutdown` turns true, then lets requests in
 /// flight finish (up to `drain`).
@@ -823,51 +848,25 @@ pub async fn serve(
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let to = loops.least(me);
-                    if to != me {
-                        if let Some(tx) = loops.sender(to) {
-                            loops.open[to].fetch_add(1, Ordering::Relaxed);
-                            match stream.into_std() {
-                                Ok(std) => match tx.send((std, peer)) {
-                                    Ok(()) => continue,
-                                    // That loop has stopped: serve it here.
-                                    Err(mpsc::error::SendError((std, _))) => {
-                                        loops.open[to].fetch_sub(1, Ordering::Relaxed);
-                                        match TcpStream::from_std(std) {
-                                            Ok(s) => (s, peer),
-                                            Err(_) => continue,
-                                        }
-                                    }
-                                },
-                                Err(_) => {
-                                    loops.open[to].fetch_sub(1, Ordering::Relaxed);
-                                    continue;
-                                }
-                            }
-                        } else {
-                            (stream, peer)
-                        }
-                    } else {
-                        (stream, peer)
-                    }
-                }
+                Ok((stream, peer)) => match hand_over(&loops, me, stream, peer) {
+                    Some(mine) => mine,
+                    None => continue,
+                },
                 Err(e) => {
                     warn!(listener = name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             },
-            Some((std, peer)) = handed.recv() => match TcpStream::from_std(std) {
-                Ok(s) => {
-                    // Counted by the loop that handed it over.
-                    loops.open[me].fetch_sub(1, Ordering::Relaxed);
-                    (s, peer)
-                }
-                Err(e) => {
-                    loops.open[me].fetch_sub(1, Ordering::Relaxed);
-                    warn!(listener = name, error = %e, "cannot take a handed-over connection");
-                    continue;
+            Some((std, peer)) = handed.recv() => {
+                // Counted by the loop that handed it over until now.
+                loops.open[me].fetch_sub(1, Ordering::Relaxed);
+                match TcpStream::from_std(std) {
+                    Ok(s) => (s, peer),
+                    Err(e) => {
+                        warn!(listener = name, error = %e, "cannot take a handed-over connection");
+                        continue;
+                    }
                 }
             },
             _ = shutdown.changed() => break,
