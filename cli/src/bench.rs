@@ -33,6 +33,9 @@ pub struct BenchArgs {
     /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp;
     /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy),
     /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N).
+    /// These two names always mean the built-in benchmarks, even where a file
+    /// of that name exists (such as the control-plane binary in
+    /// target/release); write `./overhead` for a scenario file so named.
     pub scenario: String,
     /// Multiply every stage, duration and event time by this (0.05 runs a
     /// scenario in a twentieth of its time; think time and latencies stay).
@@ -102,11 +105,11 @@ pub fn resolve(scenario: &str) -> anyhow::Result<PathBuf> {
 
 /// `minimesh bench`.
 pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
-    if args.scenario == "overhead" && !Path::new("overhead").is_file() {
+    if args.scenario == "overhead" {
         let generator = overhead::Generator::choose(&args.load_generator)?;
         return overhead::run(&home, &args, generator).await;
     }
-    if args.scenario == "control-plane" && !Path::new("control-plane").is_file() {
+    if args.scenario == "control-plane" {
         if let Some(n) = args.sidecars.iter().find(|n| **n == 0 || **n > 15_000) {
             bail!("--sidecars {n}: must be between 1 and 15000 (each is a TCP connection in this process and the control plane)");
         }

@@ -234,8 +234,14 @@ async fn bad_scenarios_are_refused_with_file_field_and_reason() {
 async fn overhead_and_control_plane_scale_report_their_figures() {
     let net = Net::new(89);
     let out = net.dir.join("bench");
+    // Run where files are named like the built-in benchmarks (as the
+    // control-plane binary is in target/release): the names still mean them.
+    for name in ["overhead", "control-plane"] {
+        std::fs::write(net.dir.join(name), b"\x7fELF not a scenario").expect("write");
+    }
     let run = |args: &[&str]| {
         let o = Command::new(bin("minimesh"))
+            .current_dir(&net.dir)
             .arg("--home")
             .arg(net.dir.join("home"))
             .arg("bench")
@@ -253,25 +259,86 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         );
     };
     let ingress = net.addr(252, 30000).to_string();
+    let installed = |peer: &str| {
+        ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(peer).is_file())
+    };
+    // The peers (when installed) with the built-in generator only: the
+    // pairing of the sidecar with each of them, round by round, is checked once.
     let overhead = |generator: &str| {
-        run(&[
+        let with_peers = generator == "built-in";
+        let mut args = vec![
             "overhead",
             "--scale",
             "0.1",
-            "--no-peers",
             "--ingress",
             &ingress,
             "--load-generator",
             generator,
             "--rounds",
             "2",
-        ]);
+        ];
+        if !with_peers {
+            args.push("--no-peers");
+        }
+        run(&args);
         let v: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
         )
         .expect("JSON");
         let paths = v["paths"].as_array().expect("paths");
-        assert_eq!(paths.len(), 3, "{v:#}");
+        let peers: Vec<&str> = ["nginx", "haproxy"]
+            .into_iter()
+            .filter(|p| with_peers && installed(p))
+            .collect();
+        assert_eq!(paths.len(), 3 + peers.len(), "{v:#}");
+        let pairs = v["sidecar_against_peers"].as_array().expect("pairs");
+        assert_eq!(
+            pairs
+                .iter()
+                .map(|p| p["peer"].as_str().unwrap_or(""))
+                .collect::<Vec<_>>(),
+            peers,
+            "{v:#}"
+        );
+        for pair in pairs {
+            // One ratio per round, each the sidecar's top rate over the
+            // peer's in that round.
+            let ratios = pair["max_rps_ratio"].as_array().expect("ratios");
+            assert_eq!(ratios.len(), 2, "{pair}");
+            for (round, r) in ratios.iter().enumerate() {
+                let rate = |path: &serde_json::Value| {
+                    path["max_rps_rounds"][round].as_f64().unwrap_or(0.0)
+                };
+                let peer = paths
+                    .iter()
+                    .find(|p| {
+                        p["path"]
+                            .as_str()
+                            .unwrap_or("")
+                            .starts_with(pair["peer"].as_str().unwrap_or("?"))
+                    })
+                    .expect("peer path");
+                assert!(
+                    (r.as_f64().unwrap_or(0.0) - rate(&paths[1]) / rate(peer)).abs() < 1e-9,
+                    "{pair}"
+                );
+            }
+            assert_eq!(
+                pair["p99_diff_ms"].as_array().map(Vec::len),
+                Some(2),
+                "{pair}"
+            );
+        }
+        if !peers.is_empty() {
+            let summary =
+                std::fs::read_to_string(out.join("overhead/summary.txt")).expect("summary");
+            assert!(
+                summary.contains("one sidecar against each peer, round by round"),
+                "{summary}"
+            );
+        }
         assert_eq!(v["rounds"], 2, "{v:#}");
         for p in paths {
             // Both rounds measured, the median reported between them.

@@ -9,7 +9,9 @@
 //! request at the highest, and their peak RSS (from /proc).
 //! The paths take turns over several rounds and each figure is the median of
 //! its rounds: on a shared machine one pass per path lets a burst of someone
-//! else's work decide a ratio.
+//! else's work decide a ratio. The one-sidecar path is also set against each
+//! peer round by round, so that a claim such as "at least nginx's top rate"
+//! can be read as how many rounds it held in.
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -55,6 +57,61 @@ pub struct PathResult {
     /// Requests per second at saturation in each round (`max_rps` is their
     /// median).
     pub max_rps_rounds: Vec<f64>,
+    /// p50 and p99 at the fixed rate in each round, ms.
+    pub p50_ms_rounds: Vec<f64>,
+    /// See `p50_ms_rounds`.
+    pub p99_ms_rounds: Vec<f64>,
+}
+
+/// One sidecar against a peer, round by round: both measured in the same
+/// round, minutes apart at most, so a change in the machine's load between
+/// rounds cancels out of each ratio.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    /// The peer (`nginx`, `haproxy`).
+    pub peer: String,
+    /// Sidecar max RPS / peer max RPS, per round.
+    pub max_rps_ratio: Vec<f64>,
+    /// Sidecar p50 - peer p50 at the fixed rate, per round, ms (negative:
+    /// the sidecar added less).
+    pub p50_diff_ms: Vec<f64>,
+    /// Sidecar p99 - peer p99 at the fixed rate, per round, ms.
+    pub p99_diff_ms: Vec<f64>,
+}
+
+/// The one-sidecar path against every peer path in `results`.
+fn paired(results: &[PathResult]) -> Vec<Paired> {
+    let Some(sidecar) = results.iter().find(|r| r.path.starts_with("one sidecar")) else {
+        return Vec::new();
+    };
+    let per_round = |a: &[f64], b: &[f64], f: fn(f64, f64) -> f64| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| f(*x, *y)).collect()
+    };
+    results
+        .iter()
+        .filter(|r| r.path.ends_with("(-> app)") && !r.path.starts_with("one sidecar"))
+        .map(|peer| Paired {
+            peer: peer.path.trim_end_matches(" (-> app)").to_string(),
+            max_rps_ratio: per_round(&sidecar.max_rps_rounds, &peer.max_rps_rounds, |s, p| {
+                s / p.max(1.0)
+            }),
+            p50_diff_ms: per_round(&sidecar.p50_ms_rounds, &peer.p50_ms_rounds, |s, p| s - p),
+            p99_diff_ms: per_round(&sidecar.p99_ms_rounds, &peer.p99_ms_rounds, |s, p| s - p),
+        })
+        .collect()
+}
+
+/// A line of per-round values, their median, and in how many rounds the
+/// sidecar was ahead of the peer or even (`better`).
+fn paired_line(values: &[f64], better: fn(f64) -> bool, show: fn(f64) -> String) -> String {
+    let list: Vec<String> = values.iter().map(|v| show(*v)).collect();
+    let wins = values.iter().filter(|v| better(**v)).count();
+    format!(
+        "{} (median {}; the sidecar ahead or even in {wins} of {})",
+        list.join(" "),
+        show(median(values.to_vec())),
+        values.len()
+    )
 }
 
 const TOPOLOGY: &str = "# Written by minimesh bench overhead.
@@ -328,6 +385,8 @@ async fn measure(
         peak_rss_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
         peak_rss_overall_mib: (!pids.is_empty()).then(|| rss as f64 / 1024.0),
         max_rps_rounds: vec![max_rps],
+        p50_ms_rounds: vec![fixed.p50_ms],
+        p99_ms_rounds: vec![fixed.p99_ms],
     })
 }
 
@@ -403,6 +462,25 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         s,
         "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc: CPU s/1000req at the fixed rate, CPU us/req at saturation; peak RSS at the fixed rate, before any saturation)"
     );
+    let pairs = paired(&results);
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            s,
+            "\none sidecar against each peer, round by round (measured in the same round):"
+        );
+    }
+    for p in &pairs {
+        let _ = writeln!(
+            s,
+            "  {:<8} max RPS ratio  {}\n  {:<8} p50 difference {}\n  {:<8} p99 difference {}",
+            p.peer,
+            paired_line(&p.max_rps_ratio, |r| r >= 1.0, |r| format!("{r:.2}x")),
+            "",
+            paired_line(&p.p50_diff_ms, |d| d <= 0.0, |d| format!("{d:+.3}ms")),
+            "",
+            paired_line(&p.p99_diff_ms, |d| d <= 0.0, |d| format!("{d:+.3}ms")),
+        );
+    }
     super::save(
         out,
         &s,
@@ -413,6 +491,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             "rounds": rounds,
             "load_generator": generator.name(),
             "paths": results,
+            "sidecar_against_peers": pairs,
         }),
     )
 }
@@ -595,5 +674,7 @@ fn combine(rounds: Vec<PathResult>) -> PathResult {
             .filter_map(|r| r.peak_rss_mib)
             .reduce(f64::max),
         max_rps_rounds: rounds.iter().map(|r| r.max_rps).collect(),
+        p50_ms_rounds: rounds.iter().map(|r| r.p50_ms).collect(),
+        p99_ms_rounds: rounds.iter().map(|r| r.p99_ms).collect(),
     }
 }
