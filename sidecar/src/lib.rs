@@ -102,7 +102,16 @@ pub struct Args {
     /// On SIGTERM, how long requests in flight may take to finish.
     #[arg(long, env = "MINIMESH_DRAIN", default_value = "5s", value_parser = duration)]
     pub drain: Duration,
+    /// Largest discovery response accepted, in bytes (gRPC's usual 4 MiB
+    /// holds about 70,000 endpoints; a larger response fails the stream and
+    /// the last config stays in force).
+    #[arg(long, env = "MINIMESH_XDS_MAX_MESSAGE_SIZE", default_value_t = DEFAULT_XDS_MAX_MESSAGE_SIZE,
+          value_parser = clap::value_parser!(u32).range(1024..))]
+    pub xds_max_message_size: u32,
 }
+
+/// Default of `--xds-max-message-size`: 64 MiB, about a million endpoints.
+pub const DEFAULT_XDS_MAX_MESSAGE_SIZE: u32 = 64 << 20;
 
 fn parse_alias(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -263,6 +272,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let xds = xds::client::XdsClient {
         address: args.xds_addr.clone(),
         channel,
+        max_message_size: args.xds_max_message_size as usize,
         node,
         aliases: HostAliases {
             aliases: args.routes.clone(),

@@ -307,3 +307,55 @@ async fn delta_subscribe_unsubscribe_removal_and_reconnect() {
     assert_eq!(names(&r5), vec![alpha.clone()]);
     assert_eq!(r5.removed_resources, vec![beta]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_sidecars_size_limit_is_named_with_the_flag_to_raise() {
+    let net = Net::new(96);
+    // 60 endpoints: an endpoints response of about 2.3 KB.
+    let hosts: Vec<u8> = (1..=60).collect();
+    net.service("backend", &hosts);
+    let _cp = net.control_plane().await;
+    let args: Vec<String> = [
+        "--xds-addr",
+        &format!("http://{}", net.cp_xds()),
+        "--workload",
+        "client-100",
+        "--namespace",
+        NS,
+        "--outbound",
+        &net.addr(100, 15001).to_string(),
+        "--admin",
+        &net.addr(100, 15000).to_string(),
+        "--xds-max-message-size",
+        "1024",
+    ]
+    .map(String::from)
+    .to_vec();
+    let small = net.spawn("sidecar-100", "sidecar", &args, &[]);
+    let want = "a discovery response is larger than --xds-max-message-size; raise it (MINIMESH_XDS_MAX_MESSAGE_SIZE); keeping the last config";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = std::fs::read_to_string(&small.log).unwrap_or_default();
+        if log.contains(want) {
+            assert!(log.contains("the limit is: 1024 bytes"), "{log}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without every type it never became ready; with the default limit the
+    // same config is served.
+    let (status, _, _) = get(net.addr(100, 15000), "localhost", "/ready")
+        .await
+        .expect("admin");
+    assert_ne!(status, 200);
+    let _default = net.sidecar(101, &[]).await;
+    let config = get_json(net.addr(101, 15000), "/debug/config")
+        .await
+        .to_string();
+    let served = hosts
+        .iter()
+        .filter(|h| config.contains(&format!("\"{}:9090\"", net.ip(**h))))
+        .count();
+    assert_eq!(served, hosts.len(), "{config}");
+}

@@ -34,6 +34,8 @@ pub struct XdsClient {
     pub address: String,
     /// The connection to the control plane, shared with load reporting.
     pub channel: tonic::transport::Channel,
+    /// Largest response accepted (`--xds-max-message-size`).
+    pub max_message_size: usize,
     /// This proxy's identity.
     pub node: Node,
     /// Extra host names (gateway mode).
@@ -60,6 +62,13 @@ impl XdsClient {
             {
                 Ok(true) => backoff = BASE_BACKOFF,
                 Ok(false) => {}
+                Err(e)
+                    if e.downcast_ref::<tonic::Status>()
+                        .is_some_and(|s| s.code() == tonic::Code::OutOfRange) =>
+                {
+                    warn!(control_plane = %self.address, limit = self.max_message_size, error = %e,
+                        "a discovery response is larger than --xds-max-message-size; raise it (MINIMESH_XDS_MAX_MESSAGE_SIZE); keeping the last config")
+                }
                 Err(e) => {
                     warn!(control_plane = %self.address, error = %e, "discovery stream failed; keeping the last config")
                 }
@@ -79,7 +88,8 @@ impl XdsClient {
         versions: &mut BTreeMap<&'static str, String>,
         health: &mut crate::health::HealthCheckers,
     ) -> anyhow::Result<bool> {
-        let mut client = AggregatedDiscoveryServiceClient::new(self.channel.clone());
+        let mut client = AggregatedDiscoveryServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(self.max_message_size);
         let (tx, rx) = mpsc::channel(16);
         for t in ALL_TYPES {
             tx.send(DiscoveryRequest {
