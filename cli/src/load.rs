@@ -1,7 +1,9 @@
 //! A fixed-rate load generator in the manner of fortio (`-c N -qps R -t D
 //! -jitter`): N keep-alive connections, each sending on its own schedule so
 //! that the total is R requests a second, never more than one request in
-//! flight per connection.
+//! flight per connection. As fortio, it stops at D: when responses take
+//! longer than a connection's interval, fewer than R a second go out, and
+//! the rate achieved says so.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -100,6 +102,10 @@ pub async fn run(spec: &LoadSpec, classify: fn(&[u8]) -> Option<String>) -> Load
             while next < end {
                 tokio::time::sleep_until(next).await;
                 let t0 = Instant::now();
+                if t0 >= end {
+                    // Behind schedule (slow responses): the time is up.
+                    break;
+                }
                 let outcome = tokio::time::timeout(spec.timeout, one(&spec, &mut sender)).await;
                 let lat = t0.elapsed().as_micros() as u64;
                 out.latencies.push(lat);
