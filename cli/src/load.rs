@@ -51,8 +51,6 @@ pub struct LoadResult {
     pub error_codes: BTreeMap<u16, u64>,
     /// Successful requests per label (as `classify` names them).
     pub by_label: BTreeMap<String, u64>,
-    /// Wall time.
-    pub elapsed: Duration,
 }
 
 impl LoadResult {
@@ -154,7 +152,6 @@ pub async fn run(spec: &LoadSpec, classify: fn(&[u8]) -> Option<String>) -> Load
         }
     }
     r.latencies_us.sort_unstable();
-    r.elapsed = start.elapsed();
     r
 }
 

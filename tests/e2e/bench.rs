@@ -96,6 +96,14 @@ async fn every_shipped_scenario_runs_at_a_small_scale() {
     }
 }
 
+/// Whether the peer proxy `peer` (nginx, haproxy) is installed where the
+/// Debian packages put it.
+fn installed(peer: &str) -> bool {
+    ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(peer).is_file())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_and_haproxy_run_beside_minimesh_when_installed() {
     let net = Net::new(88);
@@ -117,10 +125,7 @@ async fn nginx_and_haproxy_run_beside_minimesh_when_installed() {
         ("nginx", "nginx least_conn"),
         ("haproxy", "haproxy leastconn"),
     ] {
-        let installed = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
-            .iter()
-            .any(|d| Path::new(d).join(peer).is_file());
-        if installed {
+        if installed(peer) {
             let r = runs
                 .iter()
                 .find(|r| r["policy"] == name)
@@ -259,11 +264,6 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         );
     };
     let ingress = net.addr(252, 30000).to_string();
-    let installed = |peer: &str| {
-        ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
-            .iter()
-            .any(|d| Path::new(d).join(peer).is_file())
-    };
     // The peers (when installed) with the built-in generator only: the
     // pairing of the sidecar with each of them, round by round, is checked once.
     let overhead = |generator: &str| {
