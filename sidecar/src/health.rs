@@ -12,7 +12,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Request, Uri};
-use http_body_util::{Either, Full};
 use minimesh_proto::v1::{Cluster, HealthCheck};
 use tokio::task::JoinHandle;
 use tracing::info;
@@ -89,7 +88,7 @@ async fn probe(ep: &EndpointState, path: &str, timeout: Duration) -> bool {
     let Ok(uri) = path.parse::<Uri>() else {
         return false;
     };
-    let mut req = Request::new(Either::Left(Full::new(Bytes::new())));
+    let mut req = Request::new(crate::pool::UpstreamBody::Buffered(Bytes::new()));
     *req.uri_mut() = uri;
     if let Ok(host) = http::HeaderValue::from_str(ep.authority.as_str()) {
         req.headers_mut().insert(header::HOST, host);
@@ -104,7 +103,7 @@ async fn probe(ep: &EndpointState, path: &str, timeout: Duration) -> bool {
         max_requests_per_connection: 1,
     };
     let conns = ConnPool::default();
-    matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, req)).await, Ok(Ok((r, _))) if r.status().is_success())
+    matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, req)).await, Ok(Ok(r)) if r.status().is_success())
 }
 
 fn record(cluster: &str, ep: &EndpointState, ok: bool, hc: &HealthCheck) {

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod balance;
 pub mod clock;
 pub mod endpoint;
+pub mod h1;
 pub mod health;
 pub mod histogram;
 pub mod pool;

@@ -1,4 +1,4 @@
-//! Upstream HTTP/1.1 connections, pooled per endpoint.
+//! Upstream HTTP/1.1 connections ([`crate::h1::Conn`]), pooled per endpoint.
 //!
 //! Each endpoint keeps a short stack of idle connections per event loop. A
 //! request takes one of its loop's (else another loop's, else dials a new
@@ -20,16 +20,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{Either, Full};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::debug;
 
+use crate::h1::{self, Conn};
+
 /// Body sent upstream: buffered (so that a retry can resend it) or streamed.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+pub enum UpstreamBody {
+    /// The whole body, read before the request goes out.
+    Buffered(Bytes),
+    /// The caller's body, passed on as it arrives.
+    Streaming(Incoming),
+}
 
 /// Idle connections kept per endpoint at most (over all its loops' stacks);
 /// more are closed when freed.
@@ -60,12 +64,9 @@ pub enum UpstreamError {
     /// The TCP connection did not complete in time.
     #[error("connect timed out after {0:?}")]
     ConnectTimeout(Duration),
-    /// The HTTP/1.1 handshake failed.
-    #[error("handshake: {0}")]
-    Handshake(hyper::Error),
     /// The request failed on an established connection (reset, closed, bad response).
     #[error(transparent)]
-    Request(hyper::Error),
+    Request(h1::Error),
 }
 
 impl UpstreamError {
@@ -101,7 +102,7 @@ fn event_loop() -> u16 {
 }
 
 struct Idle {
-    tx: http1::SendRequest<UpstreamBody>,
+    conn: Conn,
     uses: u32,
     /// When it went idle ([`crate::clock::now_ms`]: the request path keeps
     /// that clock fresh, and idle timeouts are seconds, so no clock call).
@@ -146,7 +147,7 @@ impl std::fmt::Debug for ConnPool {
 /// A connection checked out for one request; give it back with
 /// [`ConnPool::put`] once the response body was read to the end.
 pub struct Lease {
-    tx: http1::SendRequest<UpstreamBody>,
+    pub(crate) conn: Conn,
     uses: u32,
     max_uses: u32,
     owner: u16,
@@ -160,7 +161,7 @@ impl ConnPool {
         }
     }
 
-    fn take(&self, idle_timeout: Duration) -> Option<(http1::SendRequest<UpstreamBody>, u32, u16)> {
+    fn take(&self, idle_timeout: Duration) -> Option<(Conn, u32, u16)> {
         let now = crate::clock::now_ms();
         let idle_ms = idle_timeout.as_millis() as u64;
         let n = self.idle.len();
@@ -168,23 +169,23 @@ impl ConnPool {
         loop {
             // The most recent idle connection of this loop, else another's.
             let idle = (0..n).find_map(|k| self.idle[(here + k) % n].lock().pop())?;
-            if idle.tx.is_closed() || now.saturating_sub(idle.since_ms) > idle_ms {
+            if idle.conn.is_closed() || now.saturating_sub(idle.since_ms) > idle_ms {
                 continue; // dropping it closes the connection
             }
-            return Some((idle.tx, idle.uses, idle.owner));
+            return Some((idle.conn, idle.uses, idle.owner));
         }
     }
 
     /// Gives a connection back after its response was read to the end.
     pub fn put(&self, lease: Lease) {
-        if lease.tx.is_closed() || (lease.max_uses > 0 && lease.uses >= lease.max_uses) {
+        if lease.max_uses > 0 && lease.uses >= lease.max_uses {
             return;
         }
         let n = self.idle.len();
         let mut idle = self.idle[lease.owner as usize % n].lock();
         if idle.len() < (MAX_IDLE_PER_ENDPOINT / n).max(1) {
             idle.push(Idle {
-                tx: lease.tx,
+                conn: lease.conn,
                 uses: lease.uses,
                 since_ms: crate::clock::now_ms(),
                 owner: lease.owner,
@@ -199,7 +200,7 @@ impl ConnPool {
         for stack in self.idle.iter() {
             stack
                 .lock()
-                .retain(|c| !c.tx.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
+                .retain(|c| !c.conn.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
         }
     }
 
@@ -208,75 +209,76 @@ impl ConnPool {
         self.idle.iter().map(|s| s.lock().len()).sum()
     }
 
-    /// Sends `req` to `addr` on an idle connection or a new one. A request
-    /// that a reused connection could not take (the server closed it while
-    /// idle) goes out again on a fresh connection: that race is not a
-    /// failure of the endpoint.
+    /// Sends `req` to `addr` on an idle connection or a new one, and
+    /// returns the response with a body that reads from the connection. A
+    /// request that a reused connection could not take (the server closed
+    /// it while idle: nothing came back) goes out again on a fresh
+    /// connection, as Go's and hyper's clients do: that race is not a
+    /// failure of the endpoint. Only a request whose head could not even be
+    /// written is resent when it is not idempotent.
     pub async fn send(
         &self,
         addr: SocketAddr,
         settings: &PoolSettings,
-        mut req: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Lease), UpstreamError> {
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<h1::ResponseBody>, UpstreamError> {
+        let idempotent = matches!(
+            *req.method(),
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PUT
+                | Method::DELETE
+                | Method::TRACE
+        );
+        let (mut conn, mut uses, mut owner, mut reused) = match self.take(settings.idle_timeout) {
+            Some((conn, uses, owner)) => (conn, uses, owner, true),
+            // Boxed: dialing is rare with keep-alive, and the dial's
+            // state would otherwise widen every request's future.
+            None => (
+                Box::pin(self.connect(addr, settings.connect_timeout)).await?,
+                0,
+                event_loop(),
+                false,
+            ),
+        };
+        let (is_head, mut streaming) = conn.encode(req);
+        let streams = streaming.is_some();
         loop {
-            let (mut tx, uses, owner, reused) = match self.take(settings.idle_timeout) {
-                Some((tx, uses, owner)) => (tx, uses, owner, true),
-                // Boxed: dialing is rare with keep-alive, and the dial's
-                // state would otherwise widen every request's future.
-                None => (
-                    Box::pin(self.connect(addr, settings.connect_timeout)).await?,
-                    0,
-                    event_loop(),
-                    false,
-                ),
-            };
-            if reused && !tx.is_ready() && tx.ready().await.is_err() {
-                continue;
-            }
-            match tx.try_send_request(req).await {
-                Ok(resp) => {
+            match conn.exchange(is_head, &mut streaming).await {
+                Ok((head, decoder)) => {
                     let lease = Lease {
-                        tx,
+                        conn,
                         uses: uses + 1,
                         max_uses: settings.max_requests_per_connection,
                         owner,
                     };
-                    return Ok((resp, lease));
+                    return Ok(head.map(|()| h1::ResponseBody::new(decoder, lease)));
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(back) if reused => {
-                        debug!(%addr, error = %e.error(), "pooled connection closed; resending on a new one");
-                        req = back;
-                    }
-                    _ => return Err(UpstreamError::Request(e.into_error())),
-                },
+                Err(e)
+                    if reused
+                        && e.nothing_received()
+                        && (streaming.is_some() || !streams)
+                        && (idempotent || matches!(e, h1::Error::Write(_))) =>
+                {
+                    debug!(%addr, error = %e, "pooled connection closed; resending on a new one");
+                    let mut fresh = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
+                    conn.move_request_to(&mut fresh);
+                    (conn, uses, owner, reused) = (fresh, 0, event_loop(), false);
+                }
+                Err(e) => return Err(UpstreamError::Request(e)),
             }
         }
     }
 
-    async fn connect(
-        &self,
-        addr: SocketAddr,
-        timeout: Duration,
-    ) -> Result<http1::SendRequest<UpstreamBody>, UpstreamError> {
+    async fn connect(&self, addr: SocketAddr, timeout: Duration) -> Result<Conn, UpstreamError> {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
             Err(_) => return Err(UpstreamError::ConnectTimeout(timeout)),
         };
         let _ = stream.set_nodelay(true);
-        let (tx, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::Handshake)?;
-        let open = self.open.clone();
-        open.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(%addr, error = %e, "upstream connection ended");
-            }
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
-        Ok(tx)
+        Ok(Conn::new(stream, &self.open))
     }
 }
 
@@ -331,7 +333,7 @@ mod tests {
     }
 
     fn get(addr: SocketAddr) -> Request<UpstreamBody> {
-        let mut r = Request::new(Either::Left(Full::new(Bytes::new())));
+        let mut r = Request::new(UpstreamBody::Buffered(Bytes::new()));
         *r.uri_mut() = "/".parse().expect("uri");
         r.headers_mut()
             .insert(http::header::HOST, addr.to_string().parse().expect("host"));
@@ -340,10 +342,11 @@ mod tests {
 
     async fn roundtrip(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings) {
         use http_body_util::BodyExt;
-        let (resp, lease) = pool.send(addr, s, get(addr)).await.expect("send");
+        let resp = pool.send(addr, s, get(addr)).await.expect("send");
         assert_eq!(resp.status(), 200);
-        let _ = resp.into_body().collect().await.expect("body");
-        pool.put(lease);
+        let mut body = resp.into_body();
+        while body.frame().await.transpose().expect("body").is_some() {}
+        pool.put(body.take_reusable().expect("reusable"));
     }
 
     const SETTINGS: PoolSettings = PoolSettings {

@@ -23,7 +23,6 @@ use tracing::{debug, info, warn};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
-use crate::pool::Lease;
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::v1::RetryOn;
 
@@ -406,7 +405,7 @@ async fn forward(
             }
         };
         match sent {
-            Ok((resp, _))
+            Ok(resp)
                 if more
                     && idempotent
                     && resp.headers().contains_key(ERROR_HEADER)
@@ -434,7 +433,7 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Ok((resp, _))
+            Ok(resp)
                 if more
                     && ((on(cluster, RetryOn::ServerError) && resp.status().is_server_error())
                         || (on(cluster, RetryOn::GatewayError)
@@ -446,7 +445,7 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Ok((resp, lease)) => {
+            Ok(resp) => {
                 ep.mark_reachable();
                 let now = tokio::time::Instant::now();
                 let now_ms = crate::clock::advance(now);
@@ -471,8 +470,6 @@ async fn forward(
                     rp,
                     Either::Left(Tracked {
                         inner: rb,
-                        lease: Some(lease),
-                        done: false,
                         guard,
                         _inflight: inflight.take(),
                     }),
@@ -525,15 +522,11 @@ fn upstream_request(
     streaming: &mut Option<Incoming>,
     more: bool,
 ) -> Result<Request<UpstreamBody>, (StatusCode, &'static str)> {
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(ep.authority.clone())
-        .path_and_query(path.clone())
-        .build()
-        .map_err(|_| (StatusCode::BAD_REQUEST, "bad request path"))?;
+    // Origin form: the request line carries the path; Host names the service.
+    let uri = Uri::from(path.clone());
     let body = match (buffered, streaming.take()) {
-        (Some(b), _) => Either::Left(Full::new(b.clone())),
-        (None, Some(s)) => Either::Right(s),
+        (Some(b), _) => UpstreamBody::Buffered(b.clone()),
+        (None, Some(s)) => UpstreamBody::Streaming(s),
         (None, None) => return Err((StatusCode::BAD_GATEWAY, "request body already sent")),
     };
     let mut up = Request::new(body);
@@ -545,6 +538,13 @@ fn upstream_request(
     } else {
         std::mem::take(&mut parts.headers)
     };
+    if !up.headers().contains_key(header::HOST) {
+        // HTTP/1.1 requires a Host: a request that named none (routed by
+        // the default route) names the endpoint.
+        if let Ok(h) = HeaderValue::from_str(ep.authority.as_str()) {
+            up.headers_mut().insert(header::HOST, h);
+        }
+    }
     Ok(up)
 }
 
@@ -577,19 +577,15 @@ pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
 /// the cluster's in-flight count) until the body is done, then gives the
 /// connection back to the endpoint's pool if the body was read to the end.
 pub struct Tracked {
-    inner: Incoming,
-    lease: Option<Lease>,
-    done: bool,
+    inner: crate::h1::ResponseBody,
     guard: ActiveGuard,
     _inflight: Option<InflightGuard>,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            if self.done || self.inner.is_end_stream() {
-                self.guard.endpoint().pool.put(lease);
-            }
+        if let Some(lease) = self.inner.take_reusable() {
+            self.guard.endpoint().pool.put(lease);
         }
     }
 }
@@ -687,17 +683,13 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, status: Option<S
 
 impl Body for Tracked {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::h1::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.done = true;
-        }
-        polled
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::h1::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -15,3 +15,4 @@ mod local_mesh;
 mod nack;
 mod protocol;
 mod resilience;
+mod upstream_http;

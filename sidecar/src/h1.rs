@@ -1,0 +1,872 @@
+//! The upstream side of the proxy: HTTP/1.1 requests written to, and
+//! responses read from, a pooled TCP connection by the request's own task.
+//!
+//! hyper's client runs each connection as a task of its own and passes every
+//! request and response through a channel and a one-shot to it: two task
+//! hand-offs per request, about a third of the sidecar's user time. A proxy
+//! needs far less of a client: the request head it writes comes from a
+//! message hyper's server already parsed and validated, and the response is
+//! passed on, not interpreted. So the request's task writes the head from
+//! one reused buffer and parses the response head with `httparse` (the
+//! parser hyper itself uses), and the response body decodes itself from the
+//! connection as the downstream side asks for it. Response header values
+//! share the head's buffer instead of being copied.
+//!
+//! Response framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and
+//! 304; chunked when it is the final transfer coding; else Content-Length
+//! (conflicting values are refused); else until the connection closes. A
+//! response that carries both Transfer-Encoding and Content-Length, closes
+//! the connection, arrives before the request body was sent, or leaves
+//! bytes behind it ends its connection instead of returning it to the pool.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::pool::UpstreamBody;
+
+/// Largest response head accepted (status line and headers).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most response header fields accepted.
+pub const MAX_HEADERS: usize = 128;
+/// Longest chunk-size line accepted (with extensions).
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// Largest trailer section accepted.
+const MAX_TRAILERS: usize = 16 * 1024;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Why an exchange on an upstream connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The connection ended before any byte of a response.
+    #[error("connection closed before a response")]
+    ClosedBeforeResponse,
+    /// The connection ended in the middle of a response.
+    #[error("connection closed in the middle of the response")]
+    Incomplete,
+    /// Writing the request failed.
+    #[error("writing the request: {0}")]
+    Write(io::Error),
+    /// Reading the response failed.
+    #[error("reading the response: {0}")]
+    Read(io::Error),
+    /// The caller's request body failed (the caller went away).
+    #[error("reading the request body: {0}")]
+    RequestBody(hyper::Error),
+    /// The response broke HTTP/1.1.
+    #[error("invalid response: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// True when the endpoint sent nothing back: on a reused connection,
+    /// a sign that the server closed it while it was idle.
+    pub fn nothing_received(&self) -> bool {
+        matches!(self, Error::ClosedBeforeResponse | Error::Write(_))
+            || matches!(self, Error::Read(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe))
+    }
+}
+
+/// Counts an open connection until dropped.
+struct Open(Arc<AtomicU32>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One upstream connection with its buffers.
+pub struct Conn {
+    io: TcpStream,
+    rbuf: BytesMut,
+    /// The encoded request (head, and a buffered body).
+    wbuf: Vec<u8>,
+    /// The server may take another request on it once this response is read.
+    keep_alive: bool,
+    _open: Open,
+}
+
+/// How the request body goes out after the head.
+pub struct Streaming {
+    body: Incoming,
+    chunked: bool,
+}
+
+impl Conn {
+    /// Wraps a connected stream, counted in `open` until dropped.
+    pub fn new(io: TcpStream, open: &Arc<AtomicU32>) -> Conn {
+        open.fetch_add(1, Ordering::Relaxed);
+        Conn {
+            io,
+            rbuf: BytesMut::new(),
+            wbuf: Vec::new(),
+            keep_alive: true,
+            _open: Open(open.clone()),
+        }
+    }
+
+    /// True when an idle connection cannot take a request: the server
+    /// closed it, reset it or sent bytes nobody asked for. Costs no system
+    /// call unless the event loop saw the socket become readable.
+    pub fn is_closed(&self) -> bool {
+        if !self.rbuf.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// May go back to the pool: the server keeps it open and no stray bytes
+    /// follow the response.
+    fn reusable(&self) -> bool {
+        self.keep_alive && self.rbuf.is_empty()
+    }
+
+    /// Hands the encoded request over to `other` (to resend it there).
+    pub fn move_request_to(&mut self, other: &mut Conn) {
+        std::mem::swap(&mut self.wbuf, &mut other.wbuf);
+    }
+
+    /// Encodes `req` into the write buffer (see [`encode`]).
+    pub fn encode(&mut self, req: Request<UpstreamBody>) -> (bool, Option<Streaming>) {
+        encode(&mut self.wbuf, req)
+    }
+
+    /// Writes the encoded request, streams its body if any, and reads the
+    /// response head. A response that arrives before the body was all sent
+    /// is returned, and the connection is closed after it. The body is
+    /// taken from `streaming` only once the head was written, so that a
+    /// request whose head could not be written can go out elsewhere.
+    pub async fn exchange(
+        &mut self,
+        is_head: bool,
+        streaming: &mut Option<Streaming>,
+    ) -> Result<(Response<()>, Decoder), Error> {
+        self.io.write_all(&self.wbuf).await.map_err(Error::Write)?;
+        self.keep_alive = true;
+        let Some(mut body) = streaming.take() else {
+            return read_head(&mut self.io, &mut self.rbuf, &mut self.keep_alive, is_head).await;
+        };
+        let mut all_sent = false;
+        let head = {
+            let (mut r, mut w) = self.io.split();
+            let send = send_body(&mut w, &mut body);
+            let recv = read_head(&mut r, &mut self.rbuf, &mut self.keep_alive, is_head);
+            tokio::pin!(send, recv);
+            let mut sent: Option<Result<(), Error>> = None;
+            let head = loop {
+                tokio::select! {
+                    biased;
+                    head = &mut recv => break head,
+                    r = &mut send, if sent.is_none() => match r {
+                        // The caller went away mid-body: no response will come.
+                        Err(e @ Error::RequestBody(_)) => return Err(e),
+                        r => sent = Some(r),
+                    },
+                }
+            };
+            match (head, sent) {
+                (Ok(head), Some(Ok(()))) => {
+                    all_sent = true;
+                    Ok(head)
+                }
+                (Ok(head), _) => Ok(head),
+                (Err(_), Some(Err(e))) => Err(e),
+                (Err(e), _) => Err(e),
+            }
+        };
+        if !all_sent {
+            // Answered early (or the server stopped reading): the rest of the
+            // body will not be sent, so the connection cannot be reused.
+            self.keep_alive = false;
+        }
+        head
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        poll_fill(&mut self.io, &mut self.rbuf, cx)
+    }
+}
+
+/// Encodes `req` into `w`: the head, and the body when it is buffered.
+/// Returns whether the request is HEAD (its response has no body) and the
+/// body still to stream, if any.
+pub fn encode(w: &mut Vec<u8>, req: Request<UpstreamBody>) -> (bool, Option<Streaming>) {
+    let (parts, body) = req.into_parts();
+    w.clear();
+    w.extend_from_slice(parts.method.as_str().as_bytes());
+    w.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    w.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    w.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        // The framing is ours to state (below), from the body we send.
+        if name == header::CONTENT_LENGTH {
+            continue;
+        }
+        w.extend_from_slice(name.as_str().as_bytes());
+        w.extend_from_slice(b": ");
+        w.extend_from_slice(value.as_bytes());
+        w.extend_from_slice(b"\r\n");
+    }
+    let is_head = parts.method == Method::HEAD;
+    let streaming = match body {
+        UpstreamBody::Buffered(data) => {
+            if !data.is_empty() || !bodyless_method(&parts.method) {
+                content_length(w, data.len() as u64);
+            }
+            w.extend_from_slice(b"\r\n");
+            w.extend_from_slice(&data);
+            None
+        }
+        UpstreamBody::Streaming(body) => {
+            let chunked = match body.size_hint().exact() {
+                Some(n) => {
+                    content_length(w, n);
+                    false
+                }
+                None => {
+                    w.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                    true
+                }
+            };
+            w.extend_from_slice(b"\r\n");
+            Some(Streaming { body, chunked })
+        }
+    };
+    (is_head, streaming)
+}
+
+fn bodyless_method(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET
+            | Method::HEAD
+            | Method::DELETE
+            | Method::OPTIONS
+            | Method::TRACE
+            | Method::CONNECT
+    )
+}
+
+fn content_length(w: &mut Vec<u8>, n: u64) {
+    w.extend_from_slice(b"content-length: ");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    w.extend_from_slice(&digits[i..]);
+    w.extend_from_slice(b"\r\n");
+}
+
+async fn send_body<W: AsyncWrite + Unpin>(io: &mut W, s: &mut Streaming) -> Result<(), Error> {
+    while let Some(frame) = s.body.frame().await {
+        let frame = frame.map_err(Error::RequestBody)?;
+        match frame.into_data() {
+            Ok(data) if data.is_empty() => {}
+            Ok(data) => {
+                if s.chunked {
+                    let line = format!("{:x}\r\n", data.len());
+                    io.write_all(line.as_bytes()).await.map_err(Error::Write)?;
+                }
+                io.write_all(&data).await.map_err(Error::Write)?;
+                if s.chunked {
+                    io.write_all(b"\r\n").await.map_err(Error::Write)?;
+                }
+            }
+            Err(frame) => {
+                if let (true, Ok(trailers)) = (s.chunked, frame.into_trailers()) {
+                    let mut t = b"0\r\n".to_vec();
+                    for (name, value) in &trailers {
+                        t.extend_from_slice(name.as_str().as_bytes());
+                        t.extend_from_slice(b": ");
+                        t.extend_from_slice(value.as_bytes());
+                        t.extend_from_slice(b"\r\n");
+                    }
+                    t.extend_from_slice(b"\r\n");
+                    io.write_all(&t).await.map_err(Error::Write)?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    if s.chunked {
+        io.write_all(b"0\r\n\r\n").await.map_err(Error::Write)?;
+    }
+    Ok(())
+}
+
+/// Reads what the socket has into `buf`'s spare capacity. Through
+/// `AsyncRead`, so that a short read clears the socket's readiness and the
+/// next read waits for the event loop instead of costing a system call.
+fn poll_fill<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(io), cx, buf)
+}
+
+fn invalid(what: impl Into<String>) -> Error {
+    Error::Invalid(what.into())
+}
+
+/// Reads and parses the response head (skipping interim 1xx responses).
+async fn read_head<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    keep_alive: &mut bool,
+    is_head: bool,
+) -> Result<(Response<()>, Decoder), Error> {
+    let mut received = false;
+    loop {
+        if !buf.is_empty() {
+            received = true;
+            if let Some(head) = parse_head(buf, keep_alive, is_head)? {
+                return Ok(head);
+            }
+            if buf.len() >= MAX_HEAD {
+                return Err(invalid(format!(
+                    "response head larger than {MAX_HEAD} bytes"
+                )));
+            }
+        }
+        let n = std::future::poll_fn(|cx| poll_fill(&mut *io, buf, cx))
+            .await
+            .map_err(Error::Read)?;
+        if n == 0 {
+            return Err(if received || !buf.is_empty() {
+                Error::Incomplete
+            } else {
+                Error::ClosedBeforeResponse
+            });
+        }
+    }
+}
+
+/// Parses a complete head at the start of `buf` (consuming it), or None
+/// when more bytes are needed.
+fn parse_head(
+    buf: &mut BytesMut,
+    keep_alive: &mut bool,
+    is_head: bool,
+) -> Result<Option<(Response<()>, Decoder)>, Error> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(invalid(format!("more than {MAX_HEADERS} header fields")))
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        };
+        let code = parsed.code.unwrap_or(0);
+        if (100..200).contains(&code) {
+            if code == 101 {
+                return Err(invalid(
+                    "101 Switching Protocols to a request that asked for no upgrade",
+                ));
+            }
+            // Interim (100 Continue, 103 Early Hints): the final one follows.
+            buf.advance(len);
+            continue;
+        }
+        let status = StatusCode::from_u16(code).map_err(|_| invalid(format!("status {code}")))?;
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Where each field's name and value lie in the head, so that the
+        // values can share its buffer once it is frozen.
+        let base = buf.as_ptr() as usize;
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let n = parsed.headers.len();
+        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+            let name = h.name.as_ptr() as usize - base;
+            let value = h.value.as_ptr() as usize - base;
+            *span = (
+                name as u32,
+                (name + h.name.len()) as u32,
+                value as u32,
+                (value + h.value.len()) as u32,
+            );
+        }
+        let head = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(n);
+        let mut length: Option<u64> = None;
+        let mut transfer_encoding = false;
+        let mut chunked = false;
+        let mut close = version == Version::HTTP_10;
+        for &(ns, ne, vs, ve) in &spans[..n] {
+            let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+                .map_err(|_| invalid("bad header name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
+                .map_err(|_| invalid(format!("bad value of header {name}")))?;
+            if name == header::CONTENT_LENGTH {
+                let v =
+                    parse_length(value.as_bytes()).ok_or_else(|| invalid("bad content-length"))?;
+                if length.is_some_and(|l| l != v) {
+                    return Err(invalid("conflicting content-length values"));
+                }
+                length = Some(v);
+            } else if name == header::TRANSFER_ENCODING {
+                transfer_encoding = true;
+                // Only the final coding decides.
+                chunked = value
+                    .as_bytes()
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            } else if name == header::CONNECTION {
+                for token in value.as_bytes().split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    if token.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive")
+                        && version == Version::HTTP_10
+                    {
+                        close = false;
+                    }
+                }
+            }
+            headers.append(name, value);
+        }
+        let decoder = if is_head || code == 204 || code == 304 {
+            Decoder::Done
+        } else if transfer_encoding {
+            // With Content-Length too, the message is suspect: read it as
+            // chunked (the coding wins) and do not reuse the connection.
+            close |= length.is_some() || !chunked;
+            if chunked {
+                Decoder::Chunked(Chunk::Size)
+            } else {
+                Decoder::Eof
+            }
+        } else {
+            match length {
+                Some(0) => Decoder::Done,
+                Some(n) => Decoder::Length(n),
+                None => {
+                    close = true;
+                    Decoder::Eof
+                }
+            }
+        };
+        *keep_alive = !close;
+        let mut resp = Response::new(());
+        *resp.status_mut() = status;
+        *resp.version_mut() = version;
+        *resp.headers_mut() = headers;
+        return Ok(Some((resp, decoder)));
+    }
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// Where a response body is in its framing.
+#[derive(Debug)]
+pub enum Decoder {
+    /// This many bytes remain.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked(Chunk),
+    /// Until the connection closes.
+    Eof,
+    /// Read to the end.
+    Done,
+}
+
+/// Where a chunked body is.
+#[derive(Debug)]
+pub enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, this many bytes remain.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer fields, then an empty line.
+    Trailers,
+}
+
+impl Decoder {
+    /// The next frame of the body from `conn`.
+    fn poll_frame(
+        &mut self,
+        conn: &mut Conn,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        loop {
+            match self {
+                Decoder::Done => return Poll::Ready(None),
+                Decoder::Length(rem) => {
+                    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
+                        return Poll::Ready(Some(Err(Error::Incomplete)));
+                    }
+                    let take = (*rem).min(conn.rbuf.len() as u64);
+                    *rem -= take;
+                    if *rem == 0 {
+                        *self = Decoder::Done;
+                    }
+                    let data = conn.rbuf.split_to(take as usize).freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Decoder::Eof => {
+                    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
+                        *self = Decoder::Done;
+                        return Poll::Ready(None);
+                    }
+                    let data = conn.rbuf.split().freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Decoder::Chunked(Chunk::Data(rem)) => {
+                    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
+                        return Poll::Ready(Some(Err(Error::Incomplete)));
+                    }
+                    let take = (*rem).min(conn.rbuf.len() as u64);
+                    *rem -= take;
+                    if *rem == 0 {
+                        *self = Decoder::Chunked(Chunk::DataEnd);
+                    }
+                    let data = conn.rbuf.split_to(take as usize).freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Decoder::Chunked(Chunk::DataEnd) => {
+                    if conn.rbuf.len() < 2 {
+                        if ready!(fill(conn, cx))? == 0 {
+                            return Poll::Ready(Some(Err(Error::Incomplete)));
+                        }
+                        continue;
+                    }
+                    if &conn.rbuf[..2] != b"\r\n" {
+                        return Poll::Ready(Some(Err(invalid("chunk data not followed by CRLF"))));
+                    }
+                    conn.rbuf.advance(2);
+                    *self = Decoder::Chunked(Chunk::Size);
+                }
+                Decoder::Chunked(Chunk::Size) => {
+                    let Some(eol) = conn.rbuf.iter().position(|&b| b == b'\n') else {
+                        if conn.rbuf.len() > MAX_CHUNK_LINE {
+                            return Poll::Ready(Some(Err(invalid("chunk-size line too long"))));
+                        }
+                        if ready!(fill(conn, cx))? == 0 {
+                            return Poll::Ready(Some(Err(Error::Incomplete)));
+                        }
+                        continue;
+                    };
+                    let size = match chunk_size(&conn.rbuf[..=eol]) {
+                        Some(s) => s,
+                        None => return Poll::Ready(Some(Err(invalid("bad chunk-size line")))),
+                    };
+                    conn.rbuf.advance(eol + 1);
+                    *self = Decoder::Chunked(if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    });
+                }
+                Decoder::Chunked(Chunk::Trailers) => {
+                    if conn.rbuf.starts_with(b"\r\n") {
+                        conn.rbuf.advance(2);
+                        *self = Decoder::Done;
+                        return Poll::Ready(None);
+                    }
+                    let end = conn.rbuf.windows(4).position(|w| w == b"\r\n\r\n");
+                    let Some(end) = end else {
+                        if conn.rbuf.len() > MAX_TRAILERS {
+                            return Poll::Ready(Some(Err(invalid("trailer section too large"))));
+                        }
+                        if ready!(fill(conn, cx))? == 0 {
+                            return Poll::Ready(Some(Err(Error::Incomplete)));
+                        }
+                        continue;
+                    };
+                    let section = conn.rbuf.split_to(end + 4);
+                    *self = Decoder::Done;
+                    return Poll::Ready(Some(trailers(&section).map(Frame::trailers)));
+                }
+            }
+        }
+    }
+}
+
+fn fill(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<usize, Error>> {
+    conn.poll_fill(cx).map_err(Error::Read)
+}
+
+/// The size on a chunk-size line (`1a;ext=1\r\n`), or None if malformed.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r\n")?;
+    let digits = line.split(|&b| b == b';').next()?.trim_ascii_end();
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        let v = (d as char).to_digit(16)?;
+        Some((n << 4) | u64::from(v))
+    })
+}
+
+fn trailers(section: &[u8]) -> Result<HeaderMap, Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::parse_headers(section, &mut fields) {
+        Ok(httparse::Status::Complete((_, fields))) => {
+            let mut map = HeaderMap::with_capacity(fields.len());
+            for f in fields {
+                let name = HeaderName::from_bytes(f.name.as_bytes())
+                    .map_err(|_| invalid("bad trailer name"))?;
+                let value =
+                    HeaderValue::from_bytes(f.value).map_err(|_| invalid("bad trailer value"))?;
+                map.append(name, value);
+            }
+            Ok(map)
+        }
+        _ => Err(invalid("bad trailer section")),
+    }
+}
+
+/// A response body read from its connection as it is polled.
+pub struct ResponseBody {
+    decoder: Decoder,
+    lease: Option<crate::pool::Lease>,
+}
+
+impl ResponseBody {
+    /// The body of a response on `lease`'s connection.
+    pub fn new(decoder: Decoder, lease: crate::pool::Lease) -> ResponseBody {
+        ResponseBody {
+            decoder,
+            lease: Some(lease),
+        }
+    }
+
+    /// The connection, when the body was read to the end and the server
+    /// may take another request on it.
+    pub fn take_reusable(&mut self) -> Option<crate::pool::Lease> {
+        if !matches!(self.decoder, Decoder::Done) {
+            return None;
+        }
+        self.lease.take().filter(|l| l.conn.reusable())
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self.get_mut();
+        let Some(lease) = this.lease.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = this.decoder.poll_frame(&mut lease.conn, cx);
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            // The connection's state is unknown: never reuse it.
+            this.decoder = Decoder::Done;
+            lease.conn.keep_alive = false;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.decoder, Decoder::Done)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self.decoder {
+            Decoder::Done => http_body::SizeHint::with_exact(0),
+            Decoder::Length(n) => http_body::SizeHint::with_exact(n),
+            _ => http_body::SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(raw: &[u8], is_head: bool) -> Result<Option<(Response<()>, Decoder, bool)>, Error> {
+        let mut buf = BytesMut::from(raw);
+        let mut keep_alive = true;
+        Ok(parse_head(&mut buf, &mut keep_alive, is_head)?.map(|(r, d)| (r, d, keep_alive)))
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let (r, d, ka) = parse(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: b\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-a"], "b");
+        assert!(matches!(d, Decoder::Length(5)) && ka);
+
+        let (_, d, ka) = parse(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(d, Decoder::Chunked(Chunk::Size)) && ka);
+
+        // Both: chunked wins and the connection is not reused.
+        let (_, d, ka) = parse(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(d, Decoder::Chunked(_)) && !ka);
+
+        // Neither: until close.
+        let (_, d, ka) = parse(b"HTTP/1.1 200 OK\r\n\r\n", false).unwrap().unwrap();
+        assert!(matches!(d, Decoder::Eof) && !ka);
+
+        // HEAD, 204 and 304 have no body whatever the headers say.
+        let (_, d, _) = parse(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(d, Decoder::Done));
+        let (_, d, _) = parse(
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(d, Decoder::Done));
+
+        // HTTP/1.0 closes unless it says keep-alive.
+        let (_, _, ka) = parse(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", false)
+            .unwrap()
+            .unwrap();
+        assert!(!ka);
+        let (_, _, ka) = parse(
+            b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(ka);
+        let (_, _, ka) = parse(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!ka);
+    }
+
+    #[test]
+    fn interim_responses_are_skipped_and_partial_heads_wait() {
+        let (r, _, _) = parse(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-le", false)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn bad_responses_are_refused_with_the_reason() {
+        let cases: [(&[u8], &str); 4] = [
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
+                "invalid response: conflicting content-length values",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+                "invalid response: bad content-length",
+            ),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+                "invalid response: 101 Switching Protocols to a request that asked for no upgrade",
+            ),
+            (
+                b"HTTP/1.1 2000 OK\r\n\r\n",
+                "invalid response: invalid response status",
+            ),
+        ];
+        for (raw, want) in cases {
+            let err = parse(raw, false).expect_err("refused");
+            assert_eq!(err.to_string(), want);
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_parse_strictly() {
+        assert_eq!(chunk_size(b"1a\r\n"), Some(26));
+        assert_eq!(chunk_size(b"1A;name=value\r\n"), Some(26));
+        assert_eq!(chunk_size(b"0\r\n"), Some(0));
+        assert_eq!(chunk_size(b"\r\n"), None);
+        assert_eq!(chunk_size(b"zz\r\n"), None);
+        assert_eq!(chunk_size(b"1a\n"), None);
+        assert_eq!(chunk_size(b"11111111111111111\r\n"), None, "over 64 bits");
+    }
+
+    #[test]
+    fn request_heads_state_their_own_framing() {
+        let mut w = Vec::new();
+        let mut req = Request::new(UpstreamBody::Buffered(Bytes::from_static(b"hi")));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = "/p?q=1".parse().unwrap();
+        req.headers_mut()
+            .insert("host", HeaderValue::from_static("svc"));
+        req.headers_mut()
+            .insert("content-length", HeaderValue::from_static("99"));
+        let (is_head, streaming) = encode(&mut w, req);
+        assert!(!is_head && streaming.is_none());
+        assert_eq!(
+            std::str::from_utf8(&w).unwrap(),
+            "POST /p?q=1 HTTP/1.1\r\nhost: svc\r\ncontent-length: 2\r\n\r\nhi"
+        );
+        let mut get = Request::new(UpstreamBody::Buffered(Bytes::new()));
+        *get.uri_mut() = "/".parse().unwrap();
+        encode(&mut w, get);
+        assert_eq!(std::str::from_utf8(&w).unwrap(), "GET / HTTP/1.1\r\n\r\n");
+    }
+}
