@@ -26,7 +26,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -91,8 +91,6 @@ impl Drop for Open {
 pub struct Conn {
     io: TcpStream,
     rbuf: BytesMut,
-    /// The encoded request (head, and a buffered body).
-    wbuf: Vec<u8>,
     /// The server may take another request on it once this response is read.
     keep_alive: bool,
     _open: Open,
@@ -111,7 +109,6 @@ impl Conn {
         Conn {
             io,
             rbuf: BytesMut::new(),
-            wbuf: Vec::new(),
             keep_alive: true,
             _open: Open(open.clone()),
         }
@@ -134,29 +131,16 @@ impl Conn {
         self.keep_alive && self.rbuf.is_empty()
     }
 
-    /// Hands the encoded request over to `other` (to resend it there).
-    pub fn move_request_to(&mut self, other: &mut Conn) {
-        std::mem::swap(&mut self.wbuf, &mut other.wbuf);
-    }
-
-    /// Encodes `req` into the write buffer (see [`encode`]).
-    pub fn encode(&mut self, req: Request<UpstreamBody>) -> (bool, Option<Streaming>) {
-        encode(&mut self.wbuf, req)
-    }
-
     /// Writes the encoded request, streams its body if any, and reads the
     /// response head. A response that arrives before the body was all sent
-    /// is returned, and the connection is closed after it. The body is
-    /// taken from `streaming` only once the head was written, so that a
+    /// is returned, and the connection is closed after it. A streamed body
+    /// is taken from `out` only once the head was written, so that a
     /// request whose head could not be written can go out elsewhere.
-    pub async fn exchange(
-        &mut self,
-        is_head: bool,
-        streaming: &mut Option<Streaming>,
-    ) -> Result<(Response<()>, Decoder), Error> {
-        self.io.write_all(&self.wbuf).await.map_err(Error::Write)?;
+    pub async fn exchange(&mut self, out: &mut Outgoing) -> Result<(Response<()>, Decoder), Error> {
+        let is_head = out.is_head;
+        self.io.write_all(&out.buf).await.map_err(Error::Write)?;
         self.keep_alive = true;
-        let Some(mut body) = streaming.take() else {
+        let Some(mut body) = out.streaming.take() else {
             return read_head(&mut self.io, &mut self.rbuf, &mut self.keep_alive, is_head).await;
         };
         let mut all_sent = false;
@@ -200,22 +184,83 @@ impl Conn {
     }
 }
 
-/// Encodes `req` into `w`: the head, and the body when it is buffered.
-/// Returns whether the request is HEAD (its response has no body) and the
-/// body still to stream, if any.
-pub fn encode(w: &mut Vec<u8>, req: Request<UpstreamBody>) -> (bool, Option<Streaming>) {
-    let (parts, body) = req.into_parts();
-    w.clear();
-    w.extend_from_slice(parts.method.as_str().as_bytes());
+/// A request encoded once for all its attempts: the head and a buffered
+/// body, in a buffer reused from request to request on this thread.
+pub struct Outgoing {
+    buf: Vec<u8>,
+    is_head: bool,
+    idempotent: bool,
+    /// The body still to stream after the head, until an attempt takes it.
+    streaming: Option<Streaming>,
+    streams: bool,
+}
+
+/// Encode buffers kept per thread for reuse, and the largest kept.
+const SPARE_BUFS: usize = 64;
+const SPARE_BUF_MAX: usize = 128 * 1024;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.capacity() <= SPARE_BUF_MAX {
+            buf.clear();
+            SPARE.with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    if s.len() < SPARE_BUFS {
+                        s.push(buf);
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl Outgoing {
+    /// True when a request whose attempt failed can go out again: its body
+    /// was buffered, or is still here to stream.
+    pub fn resendable(&self) -> bool {
+        !self.streams || self.streaming.is_some()
+    }
+
+    /// GET, HEAD, OPTIONS, PUT, DELETE or TRACE (RFC 9110 §9.2.2).
+    pub fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+}
+
+/// Encodes a request: its method, origin-form target, headers (with
+/// `host` when they carry none) and body. A buffered body goes in with the
+/// head; a streamed one is sent with a length when its size is known, else
+/// chunked.
+pub fn encode(
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    host: &str,
+    body: UpstreamBody,
+) -> Outgoing {
+    let mut w = SPARE
+        .with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .unwrap_or_default();
+    w.extend_from_slice(method.as_str().as_bytes());
     w.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     w.extend_from_slice(if target.is_empty() {
         b"/"
     } else {
         target.as_bytes()
     });
     w.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
+    if !headers.contains_key(header::HOST) {
+        // HTTP/1.1 requires one.
+        w.extend_from_slice(b"host: ");
+        w.extend_from_slice(host.as_bytes());
+        w.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in headers {
         // The framing is ours to state (below), from the body we send.
         if name == header::CONTENT_LENGTH {
             continue;
@@ -225,11 +270,10 @@ pub fn encode(w: &mut Vec<u8>, req: Request<UpstreamBody>) -> (bool, Option<Stre
         w.extend_from_slice(value.as_bytes());
         w.extend_from_slice(b"\r\n");
     }
-    let is_head = parts.method == Method::HEAD;
     let streaming = match body {
         UpstreamBody::Buffered(data) => {
-            if !data.is_empty() || !bodyless_method(&parts.method) {
-                content_length(w, data.len() as u64);
+            if !data.is_empty() || !bodyless_method(method) {
+                content_length(&mut w, data.len() as u64);
             }
             w.extend_from_slice(b"\r\n");
             w.extend_from_slice(&data);
@@ -238,7 +282,7 @@ pub fn encode(w: &mut Vec<u8>, req: Request<UpstreamBody>) -> (bool, Option<Stre
         UpstreamBody::Streaming(body) => {
             let chunked = match body.size_hint().exact() {
                 Some(n) => {
-                    content_length(w, n);
+                    content_length(&mut w, n);
                     false
                 }
                 None => {
@@ -250,7 +294,21 @@ pub fn encode(w: &mut Vec<u8>, req: Request<UpstreamBody>) -> (bool, Option<Stre
             Some(Streaming { body, chunked })
         }
     };
-    (is_head, streaming)
+    Outgoing {
+        buf: w,
+        is_head: *method == Method::HEAD,
+        idempotent: matches!(
+            *method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PUT
+                | Method::DELETE
+                | Method::TRACE
+        ),
+        streams: streaming.is_some(),
+        streaming,
+    }
 }
 
 fn bodyless_method(m: &Method) -> bool {
@@ -421,7 +479,8 @@ fn parse_head(
             );
         }
         let head = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(n);
+        // One more: the proxy adds the header naming the endpoint.
+        let mut headers = HeaderMap::with_capacity(n + 1);
         let mut length: Option<u64> = None;
         let mut transfer_encoding = false;
         let mut chunked = false;
@@ -850,23 +909,29 @@ mod tests {
 
     #[test]
     fn request_heads_state_their_own_framing() {
-        let mut w = Vec::new();
-        let mut req = Request::new(UpstreamBody::Buffered(Bytes::from_static(b"hi")));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = "/p?q=1".parse().unwrap();
-        req.headers_mut()
-            .insert("host", HeaderValue::from_static("svc"));
-        req.headers_mut()
-            .insert("content-length", HeaderValue::from_static("99"));
-        let (is_head, streaming) = encode(&mut w, req);
-        assert!(!is_head && streaming.is_none());
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("svc"));
+        h.insert("content-length", HeaderValue::from_static("99"));
+        let body = UpstreamBody::Buffered(Bytes::from_static(b"hi"));
+        let out = encode(&Method::POST, "/p?q=1", &h, "ep:80", body);
+        assert!(!out.is_head && !out.idempotent && out.resendable());
         assert_eq!(
-            std::str::from_utf8(&w).unwrap(),
+            std::str::from_utf8(&out.buf).unwrap(),
             "POST /p?q=1 HTTP/1.1\r\nhost: svc\r\ncontent-length: 2\r\n\r\nhi"
         );
-        let mut get = Request::new(UpstreamBody::Buffered(Bytes::new()));
-        *get.uri_mut() = "/".parse().unwrap();
-        encode(&mut w, get);
-        assert_eq!(std::str::from_utf8(&w).unwrap(), "GET / HTTP/1.1\r\n\r\n");
+        drop(out);
+        // No Host: the fallback; a GET with no body states no length.
+        let out = encode(
+            &Method::GET,
+            "",
+            &HeaderMap::new(),
+            "ep:80",
+            UpstreamBody::Buffered(Bytes::new()),
+        );
+        assert!(out.idempotent);
+        assert_eq!(
+            std::str::from_utf8(&out.buf).unwrap(),
+            "GET / HTTP/1.1\r\nhost: ep:80\r\n\r\n"
+        );
     }
 }

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{header, Request, Uri};
+use http::{header, Method, Uri};
 use minimesh_proto::v1::{Cluster, HealthCheck};
 use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::endpoint::EndpointState;
+use crate::h1::encode;
 use crate::pool::{ConnPool, PoolSettings};
 use crate::routing::Routing;
 
@@ -88,22 +89,21 @@ async fn probe(ep: &EndpointState, path: &str, timeout: Duration) -> bool {
     let Ok(uri) = path.parse::<Uri>() else {
         return false;
     };
-    let mut req = Request::new(crate::pool::UpstreamBody::Buffered(Bytes::new()));
-    *req.uri_mut() = uri;
-    if let Ok(host) = http::HeaderValue::from_str(ep.authority.as_str()) {
-        req.headers_mut().insert(header::HOST, host);
-    }
-    req.headers_mut().insert(
+    let mut headers = http::HeaderMap::with_capacity(2);
+    headers.insert(
         header::USER_AGENT,
         http::HeaderValue::from_static("minimesh-health-check"),
     );
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    let body = crate::pool::UpstreamBody::Buffered(Bytes::new());
+    let mut req = encode(&Method::GET, target, &headers, ep.authority.as_str(), body);
     let settings = PoolSettings {
         connect_timeout: timeout,
         idle_timeout: timeout,
         max_requests_per_connection: 1,
     };
     let conns = ConnPool::default();
-    matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, req)).await, Ok(Ok(r)) if r.status().is_success())
+    matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, &mut req)).await, Ok(Ok(r)) if r.status().is_success())
 }
 
 fn record(cluster: &str, ep: &EndpointState, ok: bool, hc: &HealthCheck) {

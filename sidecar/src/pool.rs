@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::Response;
 use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tracing::debug;
@@ -220,17 +220,8 @@ impl ConnPool {
         &self,
         addr: SocketAddr,
         settings: &PoolSettings,
-        req: Request<UpstreamBody>,
+        out: &mut h1::Outgoing,
     ) -> Result<Response<h1::ResponseBody>, UpstreamError> {
-        let idempotent = matches!(
-            *req.method(),
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::PUT
-                | Method::DELETE
-                | Method::TRACE
-        );
         let (mut conn, mut uses, mut owner, mut reused) = match self.take(settings.idle_timeout) {
             Some((conn, uses, owner)) => (conn, uses, owner, true),
             // Boxed: dialing is rare with keep-alive, and the dial's
@@ -242,10 +233,8 @@ impl ConnPool {
                 false,
             ),
         };
-        let (is_head, mut streaming) = conn.encode(req);
-        let streams = streaming.is_some();
         loop {
-            match conn.exchange(is_head, &mut streaming).await {
+            match conn.exchange(out).await {
                 Ok((head, decoder)) => {
                     let lease = Lease {
                         conn,
@@ -258,13 +247,12 @@ impl ConnPool {
                 Err(e)
                     if reused
                         && e.nothing_received()
-                        && (streaming.is_some() || !streams)
-                        && (idempotent || matches!(e, h1::Error::Write(_))) =>
+                        && out.resendable()
+                        && (out.idempotent() || matches!(e, h1::Error::Write(_))) =>
                 {
                     debug!(%addr, error = %e, "pooled connection closed; resending on a new one");
-                    let mut fresh = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
-                    conn.move_request_to(&mut fresh);
-                    (conn, uses, owner, reused) = (fresh, 0, event_loop(), false);
+                    conn = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
+                    (uses, owner, reused) = (0, event_loop(), false);
                 }
                 Err(e) => return Err(UpstreamError::Request(e)),
             }
@@ -332,17 +320,20 @@ mod tests {
         (addr, conns)
     }
 
-    fn get(addr: SocketAddr) -> Request<UpstreamBody> {
-        let mut r = Request::new(UpstreamBody::Buffered(Bytes::new()));
-        *r.uri_mut() = "/".parse().expect("uri");
-        r.headers_mut()
-            .insert(http::header::HOST, addr.to_string().parse().expect("host"));
-        r
+    fn get(addr: SocketAddr) -> h1::Outgoing {
+        let body = UpstreamBody::Buffered(Bytes::new());
+        h1::encode(
+            &http::Method::GET,
+            "/",
+            &http::HeaderMap::new(),
+            &addr.to_string(),
+            body,
+        )
     }
 
     async fn roundtrip(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings) {
         use http_body_util::BodyExt;
-        let resp = pool.send(addr, s, get(addr)).await.expect("send");
+        let resp = pool.send(addr, s, &mut get(addr)).await.expect("send");
         assert_eq!(resp.status(), 200);
         let mut body = resp.into_body();
         while body.frame().await.transpose().expect("body").is_some() {}
@@ -441,7 +432,7 @@ mod tests {
         drop(l);
         let pool = ConnPool::default();
         let err = pool
-            .send(addr, &SETTINGS, get(addr))
+            .send(addr, &SETTINGS, &mut get(addr))
             .await
             .err()
             .expect("refused");

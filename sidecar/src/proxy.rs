@@ -12,7 +12,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
+use crate::h1::{encode, Outgoing};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::v1::RetryOn;
 
@@ -266,11 +267,7 @@ async fn forward(
             parts.headers.insert(header::HOST, v);
         }
     }
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
 
     // Buffer small bodies so that a retry can resend them.
     let hint = body.size_hint();
@@ -320,6 +317,7 @@ async fn forward(
     };
     cluster.budget.on_request();
     let mut retry_slot: Option<InflightGuard> = None;
+    let mut out: Option<Outgoing> = None;
     for attempt in 0..attempts {
         if attempt > 0 && retry_slot.is_none() {
             match admit_retry(cluster) {
@@ -371,9 +369,18 @@ async fn forward(
             .await;
         }
         let more = attempt + 1 < attempts;
-        let up = match upstream_request(&ep, &mut parts, &path, &buffered, &mut streaming, more) {
-            Ok(up) => up,
-            Err((status, reason)) => return local(status, reason),
+        // Encoded once, at the first attempt, and sent as is by the others.
+        if out.is_none() {
+            let body = match (&buffered, streaming.take()) {
+                (Some(b), _) => UpstreamBody::Buffered(b.clone()),
+                (None, Some(s)) => UpstreamBody::Streaming(s),
+                (None, None) => UpstreamBody::Buffered(Bytes::new()),
+            };
+            let host = ep.authority.as_str();
+            out = Some(encode(&parts.method, path, &parts.headers, host, body));
+        }
+        let Some(up) = out.as_mut() else {
+            return local(StatusCode::INTERNAL_SERVER_ERROR, "request not encoded");
         };
         let guard = ep.start();
         let started = at_start.take().unwrap_or_else(tokio::time::Instant::now);
@@ -509,43 +516,6 @@ async fn forward(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("all {attempts} attempts failed; last: {last_error}"),
     )
-}
-
-/// One attempt's request to `ep`: the caller's, with the endpoint's
-/// authority; its headers are copied when another attempt may need them
-/// (`more`), else moved. Or the status and reason to answer with.
-fn upstream_request(
-    ep: &EndpointState,
-    parts: &mut http::request::Parts,
-    path: &http::uri::PathAndQuery,
-    buffered: &Option<Bytes>,
-    streaming: &mut Option<Incoming>,
-    more: bool,
-) -> Result<Request<UpstreamBody>, (StatusCode, &'static str)> {
-    // Origin form: the request line carries the path; Host names the service.
-    let uri = Uri::from(path.clone());
-    let body = match (buffered, streaming.take()) {
-        (Some(b), _) => UpstreamBody::Buffered(b.clone()),
-        (None, Some(s)) => UpstreamBody::Streaming(s),
-        (None, None) => return Err((StatusCode::BAD_GATEWAY, "request body already sent")),
-    };
-    let mut up = Request::new(body);
-    *up.method_mut() = parts.method.clone();
-    *up.uri_mut() = uri;
-    *up.version_mut() = Version::HTTP_11;
-    *up.headers_mut() = if more {
-        parts.headers.clone()
-    } else {
-        std::mem::take(&mut parts.headers)
-    };
-    if !up.headers().contains_key(header::HOST) {
-        // HTTP/1.1 requires a Host: a request that named none (routed by
-        // the default route) names the endpoint.
-        if let Ok(h) = HeaderValue::from_str(ep.authority.as_str()) {
-            up.headers_mut().insert(header::HOST, h);
-        }
-    }
-    Ok(up)
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
