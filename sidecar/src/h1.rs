@@ -138,7 +138,16 @@ impl Conn {
     /// request whose head could not be written can go out elsewhere.
     pub async fn exchange(&mut self, out: &mut Outgoing) -> Result<(Response<()>, Decoder), Error> {
         let is_head = out.is_head;
-        self.io.write_all(&out.buf).await.map_err(Error::Write)?;
+        if let Err(e) = self.io.write_all(&out.buf).await {
+            // A server may answer before it has read the whole request (413
+            // to a large body) and close: that answer is the response.
+            self.keep_alive = false;
+            let mut ignored = false;
+            return match read_head(&mut self.io, &mut self.rbuf, &mut ignored, is_head).await {
+                Ok(head) => Ok(head),
+                Err(_) => Err(Error::Write(e)),
+            };
+        }
         self.keep_alive = true;
         let Some(mut body) = out.streaming.take() else {
             return read_head(&mut self.io, &mut self.rbuf, &mut self.keep_alive, is_head).await;
