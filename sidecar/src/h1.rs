@@ -604,15 +604,10 @@ impl Decoder {
             match self {
                 Decoder::Done => return Poll::Ready(None),
                 Decoder::Length(rem) => {
-                    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
-                        return Poll::Ready(Some(Err(Error::Incomplete)));
-                    }
-                    let take = (*rem).min(conn.rbuf.len() as u64);
-                    *rem -= take;
+                    let data = ready!(take_up_to(conn, cx, rem))?;
                     if *rem == 0 {
                         *self = Decoder::Done;
                     }
-                    let data = conn.rbuf.split_to(take as usize).freeze();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Decoder::Eof => {
@@ -624,15 +619,10 @@ impl Decoder {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Decoder::Chunked(Chunk::Data(rem)) => {
-                    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
-                        return Poll::Ready(Some(Err(Error::Incomplete)));
-                    }
-                    let take = (*rem).min(conn.rbuf.len() as u64);
-                    *rem -= take;
+                    let data = ready!(take_up_to(conn, cx, rem))?;
                     if *rem == 0 {
                         *self = Decoder::Chunked(Chunk::DataEnd);
                     }
-                    let data = conn.rbuf.split_to(take as usize).freeze();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Decoder::Chunked(Chunk::DataEnd) => {
@@ -692,6 +682,18 @@ impl Decoder {
             }
         }
     }
+}
+
+/// Up to `rem` bytes of a body whose length is known (a Content-Length
+/// body, or one chunk), reading when none is buffered; `rem` goes down by
+/// as many. The connection ending first is an error.
+fn take_up_to(conn: &mut Conn, cx: &mut Context<'_>, rem: &mut u64) -> Poll<Result<Bytes, Error>> {
+    if conn.rbuf.is_empty() && ready!(fill(conn, cx))? == 0 {
+        return Poll::Ready(Err(Error::Incomplete));
+    }
+    let take = (*rem).min(conn.rbuf.len() as u64);
+    *rem -= take;
+    Poll::Ready(Ok(conn.rbuf.split_to(take as usize).freeze()))
 }
 
 fn fill(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<usize, Error>> {

@@ -370,18 +370,23 @@ async fn forward(
         }
         let more = attempt + 1 < attempts;
         // Encoded once, at the first attempt, and sent as is by the others.
-        if out.is_none() {
+        let up = out.get_or_insert_with(|| {
             let body = match (&buffered, streaming.take()) {
                 (Some(b), _) => UpstreamBody::Buffered(b.clone()),
                 (None, Some(s)) => UpstreamBody::Streaming(s),
                 (None, None) => UpstreamBody::Buffered(Bytes::new()),
             };
-            let host = ep.authority.as_str();
-            out = Some(encode(&parts.method, path, &parts.headers, host, body));
+            encode(
+                &parts.method,
+                path,
+                &parts.headers,
+                ep.authority.as_str(),
+                body,
+            )
+        });
+        if !up.resendable() {
+            return local(StatusCode::BAD_GATEWAY, "request body already sent");
         }
-        let Some(up) = out.as_mut() else {
-            return local(StatusCode::INTERNAL_SERVER_ERROR, "request not encoded");
-        };
         let guard = ep.start();
         let started = at_start.take().unwrap_or_else(tokio::time::Instant::now);
         // The send future is built where it is awaited (see `handle`).
