@@ -424,6 +424,89 @@ mod tests {
         assert_eq!(pool.open.load(Ordering::Relaxed), 1);
     }
 
+    /// A server that answers each request with `response`, one byte per
+    /// write, so that every boundary of the framing falls between reads.
+    async fn trickling_server(response: &'static [u8]) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let mut head = Vec::new();
+                    loop {
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        head.clear();
+                        for b in response {
+                            if s.write_all(std::slice::from_ref(b)).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_micros(200)).await;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn framing_split_across_reads_decodes_whole() {
+        use http_body_util::BodyExt;
+        let cases: [(&[u8], &[u8], bool); 3] = [
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\nx-sum: 1\r\n\r\n",
+                b"hello, world",
+                true,
+            ),
+            (
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world",
+                b"hello, world",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nc\r\nhello, world\r\n0\r\n\r\n",
+                b"hello, world",
+                false,
+            ),
+        ];
+        for (response, want, trailers) in cases {
+            let addr = trickling_server(response).await;
+            let pool = ConnPool::default();
+            // Twice: the connection must come back reusable, framing intact.
+            for _ in 0..2 {
+                let resp = pool
+                    .send(addr, &SETTINGS, &mut get(addr))
+                    .await
+                    .expect("send");
+                assert_eq!(resp.status(), 200);
+                let mut body = resp.into_body();
+                let mut data = Vec::new();
+                let mut got_trailers = None;
+                while let Some(frame) = body.frame().await.transpose().expect("body") {
+                    match frame.into_data() {
+                        Ok(d) => data.extend_from_slice(&d),
+                        Err(f) => got_trailers = f.into_trailers().ok(),
+                    }
+                }
+                assert_eq!(data, want);
+                assert_eq!(got_trailers.map(|t| t["x-sum"].clone()).is_some(), trailers);
+                pool.put(body.take_reusable().expect("reusable"));
+            }
+            assert_eq!(
+                pool.open.load(Ordering::Relaxed),
+                1,
+                "one connection for both"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn connect_errors_are_typed() {
         // A port nothing listens on.
