@@ -324,6 +324,38 @@ async fn every_http1_framing_passes_through_the_sidecar_intact() {
         "chunked body not intact"
     );
 
+    // HTTP/2 from the caller (h2c), HTTP/1.1 upstream: a body of unknown
+    // length goes out chunked, a chunked response comes back whole.
+    let stream = TcpStream::connect(proxy).await.expect("connect");
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let parts: Vec<Result<Frame<Bytes>, Infallible>> = (0..2)
+        .map(|i| Ok(Frame::data(Bytes::from(vec![b'x' + i; 70 * 1024]))))
+        .collect();
+    let req = http::Request::post("http://raw/echo")
+        .body(StreamBody::new(tokio_stream::iter(parts)))
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("h2 response");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"chunked 143360");
+    let seen = backend.last();
+    assert!(
+        seen.body.len() == 140 * 1024 && seen.body[0] == b'x' && seen.body[70 * 1024] == b'y',
+        "h2 body not intact"
+    );
+    let req = http::Request::get("http://raw/chunked")
+        .body(StreamBody::new(tokio_stream::iter(Vec::new())))
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"hello, world");
+
     // Keep-alive: a run of requests takes one upstream connection.
     let before = backend.conns();
     for _ in 0..20 {
