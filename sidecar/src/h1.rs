@@ -204,9 +204,11 @@ pub struct Outgoing {
     streams: bool,
 }
 
-/// Encode buffers kept per thread for reuse, and the largest kept.
+/// Encode buffers kept per thread for reuse (one per request awaiting its
+/// response head), and the largest kept: a head with a small body fits, and
+/// what a burst of large bodies leaves behind is bounded by 1 MiB a thread.
 const SPARE_BUFS: usize = 64;
-const SPARE_BUF_MAX: usize = 128 * 1024;
+const SPARE_BUF_MAX: usize = 16 * 1024;
 
 thread_local! {
     static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
