@@ -73,8 +73,14 @@ impl Error {
     /// True when the endpoint sent nothing back: on a reused connection,
     /// a sign that the server closed it while it was idle.
     pub fn nothing_received(&self) -> bool {
-        matches!(self, Error::ClosedBeforeResponse | Error::Write(_))
-            || matches!(self, Error::Read(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe))
+        match self {
+            Error::ClosedBeforeResponse | Error::Write(_) => true,
+            Error::Read(e) => matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            _ => false,
+        }
     }
 }
 
@@ -267,19 +273,13 @@ pub fn encode(
     w.extend_from_slice(b" HTTP/1.1\r\n");
     if !headers.contains_key(header::HOST) {
         // HTTP/1.1 requires one.
-        w.extend_from_slice(b"host: ");
-        w.extend_from_slice(host.as_bytes());
-        w.extend_from_slice(b"\r\n");
+        put_field(&mut w, b"host", host.as_bytes());
     }
     for (name, value) in headers {
         // The framing is ours to state (below), from the body we send.
-        if name == header::CONTENT_LENGTH {
-            continue;
+        if name != header::CONTENT_LENGTH {
+            put_field(&mut w, name.as_str().as_bytes(), value.as_bytes());
         }
-        w.extend_from_slice(name.as_str().as_bytes());
-        w.extend_from_slice(b": ");
-        w.extend_from_slice(value.as_bytes());
-        w.extend_from_slice(b"\r\n");
     }
     let streaming = match body {
         UpstreamBody::Buffered(data) => {
@@ -308,18 +308,19 @@ pub fn encode(
     Outgoing {
         buf: w,
         is_head: *method == Method::HEAD,
-        idempotent: matches!(
-            *method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::PUT
-                | Method::DELETE
-                | Method::TRACE
-        ),
+        idempotent: idempotent(method),
         streams: streaming.is_some(),
         streaming,
     }
+}
+
+/// GET, HEAD, OPTIONS, PUT, DELETE or TRACE (RFC 9110 §9.2.2): safe to
+/// send again when an attempt failed before a response.
+pub fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
 }
 
 fn bodyless_method(m: &Method) -> bool {
@@ -334,21 +335,18 @@ fn bodyless_method(m: &Method) -> bool {
     )
 }
 
-fn content_length(w: &mut Vec<u8>, n: u64) {
-    w.extend_from_slice(b"content-length: ");
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    w.extend_from_slice(&digits[i..]);
+/// Appends one header field line.
+fn put_field(w: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    w.extend_from_slice(name);
+    w.extend_from_slice(b": ");
+    w.extend_from_slice(value);
     w.extend_from_slice(b"\r\n");
+}
+
+fn content_length(w: &mut Vec<u8>, n: u64) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let _ = write!(w, "content-length: {n}\r\n");
 }
 
 async fn send_body<W: AsyncWrite + Unpin>(io: &mut W, s: &mut Streaming) -> Result<(), Error> {
@@ -358,8 +356,12 @@ async fn send_body<W: AsyncWrite + Unpin>(io: &mut W, s: &mut Streaming) -> Resu
             Ok(data) if data.is_empty() => {}
             Ok(data) => {
                 if s.chunked {
-                    let line = format!("{:x}\r\n", data.len());
-                    io.write_all(line.as_bytes()).await.map_err(Error::Write)?;
+                    // The chunk-size line, without an allocation per chunk.
+                    let mut line = [0u8; 20];
+                    let mut c = std::io::Cursor::new(&mut line[..]);
+                    let _ = std::io::Write::write_fmt(&mut c, format_args!("{:x}\r\n", data.len()));
+                    let n = c.position() as usize;
+                    io.write_all(&line[..n]).await.map_err(Error::Write)?;
                 }
                 io.write_all(&data).await.map_err(Error::Write)?;
                 if s.chunked {
@@ -370,10 +372,7 @@ async fn send_body<W: AsyncWrite + Unpin>(io: &mut W, s: &mut Streaming) -> Resu
                 if let (true, Ok(trailers)) = (s.chunked, frame.into_trailers()) {
                     let mut t = b"0\r\n".to_vec();
                     for (name, value) in &trailers {
-                        t.extend_from_slice(name.as_str().as_bytes());
-                        t.extend_from_slice(b": ");
-                        t.extend_from_slice(value.as_bytes());
-                        t.extend_from_slice(b"\r\n");
+                        put_field(&mut t, name.as_str().as_bytes(), value.as_bytes());
                     }
                     t.extend_from_slice(b"\r\n");
                     io.write_all(&t).await.map_err(Error::Write)?;

@@ -294,10 +294,7 @@ async fn forward(
     } else {
         1
     };
-    let idempotent = matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    );
+    let idempotent = crate::h1::idempotent(&parts.method);
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
     let mut inflight = match admit(cluster) {
