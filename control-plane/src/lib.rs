@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod discovery;
+pub mod http2;
 pub mod load;
 pub mod load_aware;
 pub mod metrics;
@@ -30,6 +31,7 @@ use minimesh_proto::v1::load_reporting_service_server::LoadReportingServiceServe
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::codegen::Service;
 use tracing::{info, warn};
 
 use crate::admin::{Admin, ConfigView};
@@ -191,18 +193,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     info!(xds = %args.xds_addr, admin = %args.admin_addr, source = %args.source, "control plane serving");
 
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(xds_listener);
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
-        .add_service(AggregatedDiscoveryServiceServer::new(discovery))
-        .add_service(LoadReportingServiceServer::new(load::LoadReports {
-            aggregator,
-            la: la.clone(),
-        }))
-        .serve_with_incoming_shutdown(incoming, shutdown_signal())
-        .await
-        .context("discovery server")?;
+    let ads = AggregatedDiscoveryServiceServer::new(discovery);
+    let lrs = LoadReportingServiceServer::new(load::LoadReports {
+        aggregator,
+        la: la.clone(),
+    });
+    let handler: http2::Handler = Arc::new(move |request| {
+        let path = request.uri().path();
+        if path.starts_with("/minimesh.v1.AggregatedDiscoveryService/") {
+            ads.clone().call(request)
+        } else if path.starts_with("/minimesh.v1.LoadReportingService/") {
+            lrs.clone().call(request)
+        } else {
+            let status = tonic::Status::unimplemented(format!("no service serves {path}"));
+            Box::pin(std::future::ready(Ok(status.into_http())))
+        }
+    });
+    http2::serve(
+        xds_listener,
+        handler,
+        http2::Settings {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+        },
+        shutdown_signal(),
+    )
+    .await;
     info!("control plane stopped");
     Ok(())
 }
