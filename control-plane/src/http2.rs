@@ -986,6 +986,8 @@ impl Connection {
                         Poll::Ready(Some(Err(e))) => {
                             debug!(stream = id, error = %e, "response body failed");
                             self.reset_stream(id, INTERNAL_ERROR);
+                            // The reset ends the stream both ways.
+                            self.streams[i].remote_done = true;
                             self.streams[i].reply = Reply::Finished;
                             return true;
                         }

@@ -182,6 +182,25 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
         "unknown type_url \"type.googleapis.com/minimesh.v1.Nope\"; this control plane serves type.googleapis.com/minimesh.v1.Cluster, type.googleapis.com/minimesh.v1.ClusterLoadAssignment, type.googleapis.com/minimesh.v1.Route"
     );
     connected_becomes(&net, 0).await;
+
+    // A service the control plane does not have: UNIMPLEMENTED, with the path.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", net.cp_xds()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let err = grpc
+        .unary::<Node, Node, _>(
+            tonic::Request::new(Node::default()),
+            http::uri::PathAndQuery::from_static("/minimesh.v1.Nope/Call"),
+            minimesh_proto::Codec::default(),
+        )
+        .await
+        .expect_err("no such service");
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert_eq!(err.message(), "no service serves /minimesh.v1.Nope/Call");
 }
 
 /// Waits (up to 5 s) for the control plane's connected-streams gauge to
