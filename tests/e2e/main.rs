@@ -7,6 +7,7 @@ mod config;
 mod connection_pool;
 mod deploy;
 mod fake_kube;
+mod grpc_interop;
 mod harness;
 mod hashing;
 mod kubernetes;
