@@ -6,7 +6,6 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::time::Duration;
 
 use crate::harness::*;
 
@@ -52,20 +51,5 @@ async fn grpc_c_core_gets_config_through_the_control_planes_http2_server() {
     );
 
     // The client has gone: so has its stream.
-    let mut last = String::new();
-    for _ in 0..100 {
-        let (_, _, body) = get(net.cp_admin(), "localhost", "/metrics")
-            .await
-            .expect("metrics");
-        last = body
-            .lines()
-            .find(|l| l.starts_with("minimesh_xds_connected_proxies "))
-            .unwrap_or("")
-            .to_string();
-        if last == "minimesh_xds_connected_proxies 0" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the stream outlived its client; last: {last:?}");
+    connected_becomes(&net, 0).await;
 }

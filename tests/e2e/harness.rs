@@ -593,3 +593,24 @@ pub const UNEQUAL: [(u8, &[(&str, &str)]); 3] = [
     (2, &[("CONCURRENCY", "4"), ("TIMING_50_PERCENTILE", "40ms")]),
     (3, &[("CONCURRENCY", "2"), ("TIMING_50_PERCENTILE", "60ms")]),
 ];
+
+/// Waits (up to 5 s) for the control plane's connected-streams gauge to
+/// read `want`.
+pub async fn connected_becomes(net: &Net, want: u64) {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let (_, _, body) = get(net.cp_admin(), "localhost", "/metrics")
+            .await
+            .expect("metrics");
+        last = body
+            .lines()
+            .find(|l| l.starts_with("minimesh_xds_connected_proxies "))
+            .unwrap_or("")
+            .to_string();
+        if last == format!("minimesh_xds_connected_proxies {want}") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("connected streams never became {want}; last: {last:?}");
+}

@@ -203,27 +203,6 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     assert_eq!(err.message(), "no service serves /minimesh.v1.Nope/Call");
 }
 
-/// Waits (up to 5 s) for the control plane's connected-streams gauge to
-/// read `want`.
-async fn connected_becomes(net: &Net, want: u64) {
-    let mut last = String::new();
-    for _ in 0..100 {
-        let (_, _, body) = get(net.cp_admin(), "localhost", "/metrics")
-            .await
-            .expect("metrics");
-        last = body
-            .lines()
-            .find(|l| l.starts_with("minimesh_xds_connected_proxies "))
-            .unwrap_or("")
-            .to_string();
-        if last == format!("minimesh_xds_connected_proxies {want}") {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("connected streams never became {want}; last: {last:?}");
-}
-
 fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {
     r.resources.iter().map(|r| r.name.clone()).collect()
 }
