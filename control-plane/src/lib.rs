@@ -26,8 +26,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use minimesh_proto::v1::load_reporting_service_server::LoadReportingServiceServer;
+use minimesh_proto::v1::aggregated_discovery_service_server::{
+    self, AggregatedDiscoveryServiceServer,
+};
+use minimesh_proto::v1::load_reporting_service_server::{self, LoadReportingServiceServer};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -198,11 +200,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         aggregator,
         la: la.clone(),
     });
+    // gRPC paths are /<service>/<method>.
+    let ads_prefix = format!("/{}/", aggregated_discovery_service_server::SERVICE_NAME);
+    let lrs_prefix = format!("/{}/", load_reporting_service_server::SERVICE_NAME);
     let handler: http2::Handler = Arc::new(move |request| {
         let path = request.uri().path();
-        if path.starts_with("/minimesh.v1.AggregatedDiscoveryService/") {
+        if path.starts_with(&ads_prefix) {
             ads.clone().call(request)
-        } else if path.starts_with("/minimesh.v1.LoadReportingService/") {
+        } else if path.starts_with(&lrs_prefix) {
             lrs.clone().call(request)
         } else {
             let status = tonic::Status::unimplemented(format!("no service serves {path}"));
