@@ -164,11 +164,17 @@ pub const TABLE_SIZE: usize = 4096;
 pub type Field = (Vec<u8>, Vec<u8>);
 
 /// The decoding side of one connection: its dynamic table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Decoder {
     table: VecDeque<Field>,
     size: usize,
     max: usize,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder::new()
+    }
 }
 
 impl Decoder {
