@@ -22,9 +22,16 @@
 //! - A ping every keepalive interval; a peer that does not answer within the
 //!   timeout is disconnected (a sidecar that vanished without a FIN).
 //! - Protocol errors end the connection with GOAWAY and the reason as debug
-//!   data; shutdown sends GOAWAY(NO_ERROR) and closes.
+//!   data; an error confined to one stream (a malformed request, trailers
+//!   after its end) resets that stream alone, and frames on a stream already
+//!   closed are ignored. Shutdown sends GOAWAY(NO_ERROR) and closes.
+//!
+//! `http2/random_frames.rs` sends it random frame sequences, hostile and
+//! well-behaved, and checks that it never panics, hangs or garbles its output.
 
 pub mod hpack;
+#[cfg(test)]
+mod random_frames;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -784,13 +791,20 @@ impl Connection {
             .map_err(|e| conn_error(COMPRESSION_ERROR, e.0))?;
 
         if let Some(i) = self.streams.iter().position(|s| s.id == id) {
-            // Trailers from the client: they must end the stream.
+            // Trailers from the client: they must end the stream, and come
+            // before it has ended (RFC 9113 §8.1, §5.1). An error ends this
+            // stream, not the connection's others.
             let stream = &mut self.streams[i];
             if !end_stream || stream.remote_done {
-                return Err(conn_error(
-                    PROTOCOL_ERROR,
-                    "HEADERS in the middle of a stream",
-                ));
+                let code = if stream.remote_done {
+                    STREAM_CLOSED
+                } else {
+                    PROTOCOL_ERROR
+                };
+                let stream = self.streams.swap_remove(i);
+                self.reset_stream(id, code);
+                self.drop_stream(stream);
+                return Ok(());
             }
             stream.remote_done = true;
             let mut recv = lock(&stream.recv);
@@ -801,7 +815,10 @@ impl Connection {
             return Ok(());
         }
         if id <= self.last_stream {
-            return Err(conn_error(STREAM_CLOSED, "HEADERS on a closed stream"));
+            // A closed stream. It may be one this side reset while the peer
+            // was still sending, whose frames must be ignored (RFC 9113
+            // §5.1); the block was decoded above, so the table stays in step.
+            return Ok(());
         }
         self.last_stream = id;
         if self.peer_going_away || self.streams.len() >= MAX_STREAMS {
@@ -921,7 +938,7 @@ impl Connection {
             }
             i += 1;
         }
-        if self.unacked >= WINDOW / 2 {
+        if self.unacked >= WINDOW / 2 && !self.done {
             let n = self.unacked;
             self.allowance += n;
             self.unacked = 0;
@@ -1312,6 +1329,61 @@ mod tests {
             "server SETTINGS, its ACK of ours, the answer to our ping, its own ping"
         );
         assert_eq!(frames[2].3, b"12345678");
+    }
+
+    #[tokio::test]
+    async fn frames_on_a_refused_stream_are_ignored_and_a_bad_stream_ends_alone() {
+        let addr = echo_server(settings()).await;
+        let mut io = TcpStream::connect(addr).await.unwrap();
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame_settings());
+        // Streams 1 to 31 are taken; 33 is refused.
+        for i in 0..=MAX_STREAMS as u32 {
+            bytes.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &[0x83, 0x84]));
+        }
+        let refused = 2 * MAX_STREAMS as u32 + 1;
+        // The client had queued more for 33 before it saw the refusal: its
+        // body and trailers (an empty block) are ignored.
+        bytes.extend(frame(DATA, 0, refused, b"late"));
+        bytes.extend(frame(HEADERS, END_STREAM | END_HEADERS, refused, &[]));
+        // Stream 3 sends headers again without ending: malformed, so that
+        // stream is reset; the connection and its other streams go on.
+        bytes.extend(frame(HEADERS, END_HEADERS, 3, &[]));
+        for i in 0..MAX_STREAMS as u32 {
+            let id = 2 * i + 1;
+            if id != 3 {
+                bytes.extend(frame(DATA, END_STREAM, id, id.to_string().as_bytes()));
+            }
+        }
+        // No new streams: the server closes once those it has are answered.
+        bytes.extend(frame(GOAWAY, 0, 0, &[0, 0, 0, 0, 0, 0, 0, 0]));
+        io.write_all(&bytes).await.unwrap();
+        let frames = frames_until_close(&mut io).await;
+        assert!(frames.iter().all(|f| f.0 != GOAWAY), "no connection error");
+        let resets: Vec<(u32, Vec<u8>)> = frames
+            .iter()
+            .filter(|f| f.0 == RST_STREAM)
+            .map(|f| (f.2, f.3.clone()))
+            .collect();
+        assert_eq!(
+            resets,
+            [
+                (refused, REFUSED_STREAM.to_be_bytes().to_vec()),
+                (3, PROTOCOL_ERROR.to_be_bytes().to_vec())
+            ]
+        );
+        let mut echoed: Vec<(u32, Vec<u8>)> = frames
+            .iter()
+            .filter(|f| f.0 == DATA && !f.3.is_empty())
+            .map(|f| (f.2, f.3.clone()))
+            .collect();
+        echoed.sort();
+        let expected: Vec<(u32, Vec<u8>)> = (0..MAX_STREAMS as u32)
+            .map(|i| 2 * i + 1)
+            .filter(|&id| id != 3)
+            .map(|id| (id, id.to_string().into_bytes()))
+            .collect();
+        assert_eq!(echoed, expected, "every other stream is answered");
     }
 
     #[tokio::test]
