@@ -35,6 +35,9 @@ use tokio::net::TcpStream;
 
 use crate::pool::UpstreamBody;
 
+#[cfg(test)]
+mod random_responses;
+
 /// Largest response head accepted (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most response header fields accepted.
