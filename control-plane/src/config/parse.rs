@@ -123,10 +123,20 @@ pub fn parse_documents(
             text.len()
         )));
     }
-    // YAML 1.2 booleans only: `n` or `on` stay strings, as a name or label value should.
-    let options = serde_saphyr::options! { strict_booleans: true };
+    // YAML 1.2 booleans only: `n` or `on` stay strings, as a name or label
+    // value should. And a budget, so that anchors and aliases cannot expand
+    // a small file into a large one ("billion laughs").
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        budget: serde_saphyr::budget! {
+            max_total_scalar_bytes: MAX_FILE_BYTES,
+            max_nodes: MAX_NODES,
+            max_aliases: MAX_ALIASES,
+            max_depth: MAX_DEPTH,
+        },
+    };
     let values: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
-        .map_err(|e| whole(format!("invalid YAML: {}", first_line(&e.to_string()))))?;
+        .map_err(|e| whole(yaml_error(&e)))?;
     let mut parsed = Parsed::default();
     for (i, value) in values.into_iter().enumerate() {
         parse_value(file, i, value, default_namespace, &mut parsed, 0);
@@ -145,6 +155,45 @@ pub fn parse_object(
     let mut parsed = Parsed::default();
     parse_value(origin, 0, value, default_namespace, &mut parsed, 1);
     parsed.documents.pop()
+}
+
+/// What a file's YAML expands to at most: strings (counting each alias
+/// of one again), nodes, aliases and nesting. Config files come nowhere
+/// near; these bound what a file made to expand can make us allocate.
+const MAX_NODES: usize = 250_000;
+const MAX_ALIASES: usize = 1_000;
+const MAX_DEPTH: usize = 64;
+
+/// The parser's error as a reason: its first line, or for a file that
+/// expands beyond the budget, which limit and why.
+fn yaml_error(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    let mut inner = e;
+    while let serde_saphyr::Error::AliasError { error, .. }
+    | serde_saphyr::Error::WithSnippet { error, .. } = inner
+    {
+        inner = error;
+    }
+    let serde_saphyr::Error::Budget { breach, .. } = inner else {
+        return format!("invalid YAML: {}", first_line(&e.to_string()));
+    };
+    let what = match breach {
+        BudgetBreach::ScalarBytes { .. } => {
+            format!("more than {} MiB of strings", MAX_FILE_BYTES >> 20)
+        }
+        BudgetBreach::Nodes { .. } => format!("more than {MAX_NODES} nodes"),
+        BudgetBreach::Aliases { .. } => format!("more than {MAX_ALIASES} aliases"),
+        BudgetBreach::Depth { .. } => format!("nesting deeper than {MAX_DEPTH}"),
+        other => format!("beyond the parser's limits ({other:?})"),
+    };
+    let at = e
+        .location()
+        .map(|l| format!(" by line {}", l.line()))
+        .unwrap_or_default();
+    format!(
+        "the YAML expands to {what}{at} (an alias counts each time it is used); \
+         minimesh reads no more"
+    )
 }
 
 fn first_line(s: &str) -> String {
@@ -326,6 +375,42 @@ mod tests {
         let mut p = parse_documents(Path::new("r.yaml"), text, "default").expect("file parses");
         assert_eq!(p.documents.len(), 1);
         p.documents.remove(0).result
+    }
+
+    #[test]
+    fn yaml_that_expands_past_the_budget_is_refused_with_the_limit() {
+        let head = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: x}\nspec: {host: b}\n";
+        // Nine levels of nine aliases: 387 million nodes from 600 bytes.
+        let mut laughs = String::from(head);
+        laughs.push_str("l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for i in 1..9 {
+            let p = i - 1;
+            let row = vec![format!("*l{p}"); 9].join(", ");
+            laughs.push_str(&format!("l{i}: &l{i} [{row}]\n"));
+        }
+        let e = parse_documents(Path::new("r.yaml"), &laughs, "default").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "r.yaml: the YAML expands to more than 250000 nodes by line 10 \
+             (an alias counts each time it is used); minimesh reads no more"
+        );
+        // One 512 KiB string, aliased 9 times: 5 MiB of strings from a
+        // file well under the size limit.
+        let big = format!(
+            "{head}s: &s {}\nt: [{}]\n",
+            "x".repeat(512 << 10),
+            vec!["*s"; 9].join(", ")
+        );
+        let e = parse_documents(Path::new("r.yaml"), &big, "default").unwrap_err();
+        assert!(
+            e.reason
+                .starts_with("the YAML expands to more than 4 MiB of strings by line"),
+            "{}",
+            e.reason
+        );
+        // Aliases themselves are fine within the budget.
+        let fine = format!("{head}a: &a [1, 2]\nb: [*a, *a]\n");
+        assert!(parse_documents(Path::new("r.yaml"), &fine, "default").is_ok());
     }
 
     #[test]
