@@ -18,6 +18,14 @@ use crate::discovery::session::{drive, BoxStream, Session};
 /// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
 pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
     [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
+/// How long the last sequence of a (reporter, cluster, endpoint) is kept
+/// after its last report: far longer than any reconnect that could send a
+/// report again, and short enough that reporters and endpoints that are gone
+/// (every rollout brings new pod names and addresses) do not pile up.
+const SEEN_FOR: Duration = Duration::from_secs(300);
+/// How often reports sweep out what nobody reports on any more.
+const PRUNE_EVERY_SECS: u64 = 10;
+
 /// Counts above this in one report are absurd (a sidecar cannot send 10M
 /// requests to one endpoint in an interval); such reports are dropped.
 const MAX_COUNT: u64 = 10_000_000;
@@ -43,13 +51,19 @@ struct EndpointLoad {
     in_flight: BTreeMap<String, (u64, Instant)>,
 }
 
+/// (node, cluster, endpoint).
+type SeenKey = (String, String, String);
+
 /// The aggregate view.
 pub struct Aggregator {
     window: Duration,
     start: Instant,
     endpoints: Mutex<BTreeMap<(String, String), EndpointLoad>>,
-    /// Last sequence seen per (node, cluster, endpoint): repeats are dropped.
-    seen: Mutex<HashMap<(String, String, String), u64>>,
+    /// Last sequence seen per (node, cluster, endpoint), and when: repeats
+    /// are dropped.
+    seen: Mutex<HashMap<SeenKey, (u64, Instant)>>,
+    /// The second (since `start`) at which a report next prunes.
+    next_prune: std::sync::atomic::AtomicU64,
     /// Reports rejected as absurd.
     pub rejected: std::sync::atomic::AtomicU64,
 }
@@ -73,6 +87,7 @@ impl Aggregator {
             start: Instant::now(),
             endpoints: Mutex::new(BTreeMap::new()),
             seen: Mutex::new(HashMap::new()),
+            next_prune: Default::default(),
             rejected: Default::default(),
         }
     }
@@ -83,10 +98,22 @@ impl Aggregator {
 
     /// Adds one report.
     pub fn add(&self, node: &str, req: &LoadStatsRequest) {
-        let now = Instant::now();
+        self.add_at(node, req, Instant::now());
+    }
+
+    fn add_at(&self, node: &str, req: &LoadStatsRequest, now: Instant) {
         let second = now.duration_since(self.start).as_secs();
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if second >= self.next_prune.load(std::sync::atomic::Ordering::Relaxed) {
+            self.next_prune.store(
+                second + PRUNE_EVERY_SECS,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let horizon = self.window.max(SEEN_FOR);
+            seen.retain(|_, (_, at)| now.duration_since(*at) <= horizon);
+            self.forget_unreported(&mut endpoints, now);
+        }
         for c in &req.cluster_stats {
             for e in &c.endpoint_stats {
                 let sane = e.requests_issued <= MAX_COUNT
@@ -112,10 +139,10 @@ impl Aggregator {
                 }
                 if e.sequence != 0 {
                     let key = (node.to_string(), c.cluster_name.clone(), e.address.clone());
-                    if seen.get(&key).is_some_and(|s| *s >= e.sequence) {
+                    if seen.get(&key).is_some_and(|(s, _)| *s >= e.sequence) {
                         continue; // already counted
                     }
-                    seen.insert(key, e.sequence);
+                    seen.insert(key, (e.sequence, now));
                 }
                 let ep = endpoints
                     .entry((c.cluster_name.clone(), e.address.clone()))
@@ -147,6 +174,20 @@ impl Aggregator {
                 }
             }
         }
+    }
+
+    /// Drops each endpoint's reporters that have not reported within the
+    /// window, and the endpoints left with none.
+    fn forget_unreported(
+        &self,
+        endpoints: &mut BTreeMap<(String, String), EndpointLoad>,
+        now: Instant,
+    ) {
+        endpoints.retain(|_, ep| {
+            ep.in_flight
+                .retain(|_, (_, at)| now.duration_since(*at) <= self.window);
+            !ep.in_flight.is_empty()
+        });
     }
 
     fn totals(&self, ep: &EndpointLoad, now: Instant) -> Totals {
@@ -222,12 +263,7 @@ impl Aggregator {
         let now = Instant::now();
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let window = self.window.as_secs_f64();
-        // Forget endpoints nobody reported on within the window.
-        endpoints.retain(|_, ep| {
-            ep.in_flight
-                .values()
-                .any(|(_, at)| now.duration_since(*at) <= self.window)
-        });
+        self.forget_unreported(&mut endpoints, now);
         let mut out: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
         let mut totals: BTreeMap<String, u64> = BTreeMap::new();
         for ((cluster, ep), load) in endpoints.iter() {
@@ -361,5 +397,67 @@ impl Session for LoadSession {
 
     fn on_end(&mut self) {
         debug!(node = self.node, "load-report stream ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minimesh_proto::v1::{ClusterStats, EndpointStats};
+
+    fn report(endpoint: &str, sequence: u64) -> LoadStatsRequest {
+        LoadStatsRequest {
+            node: None,
+            cluster_stats: vec![ClusterStats {
+                cluster_name: "backend.ns".into(),
+                endpoint_stats: vec![EndpointStats {
+                    address: endpoint.into(),
+                    requests_issued: 5,
+                    requests_succeeded: 5,
+                    sequence,
+                    ..Default::default()
+                }],
+                load_report_interval_ms: 1000,
+            }],
+        }
+    }
+
+    fn sizes(a: &Aggregator) -> (usize, usize, usize) {
+        let endpoints = a.endpoints.lock().unwrap();
+        let reporters = endpoints.values().map(|e| e.in_flight.len()).sum();
+        (endpoints.len(), reporters, a.seen.lock().unwrap().len())
+    }
+
+    #[test]
+    fn reporters_and_endpoints_that_are_gone_are_forgotten() {
+        let a = Aggregator::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        // A rollout's worth of callers and endpoints, each reporting once;
+        // one caller keeps reporting on one endpoint that stays.
+        for i in 0..1000 {
+            let endpoint = format!("10.0.{}.{}:8080", i / 250, i % 250);
+            a.add_at(&format!("caller-{i}"), &report(&endpoint, 7), t0);
+        }
+        a.add_at("steady", &report("10.9.9.9:8080", 1), t0);
+        assert_eq!(sizes(&a), (1001, 1001, 1001));
+        // A repeat moments later is recognized, and not counted.
+        let t1 = t0 + Duration::from_secs(5);
+        a.add_at("caller-0", &report("10.0.0.0:8080", 7), t1);
+        let before: u64 = a.endpoints.lock().unwrap()
+            [&("backend.ns".into(), "10.0.0.0:8080".into())]
+            .seconds
+            .iter()
+            .map(|s| s.issued)
+            .sum();
+        assert_eq!(before, 5);
+        // Past SEEN_FOR, the quiet endpoints, reporters and sequences are
+        // gone; the steady pair stays.
+        let t2 = t0 + SEEN_FOR + Duration::from_secs(30);
+        a.add_at("steady", &report("10.9.9.9:8080", 2), t2);
+        assert_eq!(sizes(&a), (1, 1, 1));
+        // And what is kept still counts: 5 requests in this second.
+        let stats = a.endpoint_stats("backend.ns", 10);
+        assert_eq!(stats.len(), 1);
+        assert_eq!(stats["10.9.9.9:8080"].0, 5);
     }
 }
