@@ -304,6 +304,35 @@ async fn delta_subscribe_unsubscribe_removal_and_reconnect() {
     // alpha changed since (back to one endpoint), beta is gone.
     assert_eq!(names(&r5), vec![alpha.clone()]);
     assert_eq!(r5.removed_resources, vec![beta]);
+
+    // Subscriptions are kept even to names that do not exist, so a stream
+    // may hold only so many: past the limit it fails with the reason.
+    for batch in 0..2 {
+        let names: Vec<String> = (0..60_000)
+            .map(|i| format!("svc-{batch}-{i}.default.svc.cluster.local:80"))
+            .collect();
+        tx2.send(DeltaDiscoveryRequest {
+            type_url: ENDPOINTS_TYPE.into(),
+            resource_names_subscribe: names,
+            ..Default::default()
+        })
+        .await
+        .expect("sub");
+    }
+    let err = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Err(e) = s2.message().await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("an answer within 10s");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        err.message(),
+        format!("more than 100000 resource names of type {ENDPOINTS_TYPE} on one stream")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

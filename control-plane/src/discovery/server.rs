@@ -350,6 +350,18 @@ struct DeltaType {
 /// removed, by name.
 struct Delta;
 
+/// Resource names of one type that one delta stream may subscribe to, or
+/// say it has: far beyond any mesh's services, and a bound on what one
+/// client can make the control plane hold (names it subscribes to are kept
+/// even when no such resource exists).
+pub const MAX_DELTA_NAMES: usize = 100_000;
+
+fn too_many_names(t: &str) -> Status {
+    Status::resource_exhausted(format!(
+        "more than {MAX_DELTA_NAMES} resource names of type {t} on one stream"
+    ))
+}
+
 impl Protocol for Delta {
     const NAME: &'static str = "delta";
     type Request = DeltaDiscoveryRequest;
@@ -365,6 +377,9 @@ impl Protocol for Delta {
         let (t, first) = stream.begin(req.node.as_ref(), &req.type_url)?;
         let state = stream.types.entry(t);
         if first {
+            if req.initial_resource_versions.len() > MAX_DELTA_NAMES {
+                return Err(too_many_names(t));
+            }
             // Envoy's legacy rule: a first request naming nothing is a wildcard.
             state.wildcard = req.resource_names_subscribe.is_empty();
             state.client = req.initial_resource_versions.clone().into_iter().collect();
@@ -389,6 +404,9 @@ impl Protocol for Delta {
             } else {
                 changed |= state.names.insert(n.clone());
             }
+        }
+        if state.names.len() > MAX_DELTA_NAMES {
+            return Err(too_many_names(t));
         }
         for n in &req.resource_names_unsubscribe {
             if n == "*" {
