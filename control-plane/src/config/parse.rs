@@ -399,7 +399,7 @@ mod tests {
         let big = format!(
             "{head}s: &s {}\nt: [{}]\n",
             "x".repeat(512 << 10),
-            vec!["*s"; 9].join(", ")
+            ["*s"; 9].join(", ")
         );
         let e = parse_documents(Path::new("r.yaml"), &big, "default").unwrap_err();
         assert!(

@@ -516,7 +516,7 @@ fn check_output(out: &[u8], clean_eof: bool, case: &Case) -> Result<(), String> 
         }
         match kind {
             HEADERS | CONTINUATION => {
-                if id % 2 == 0 {
+                if id.is_multiple_of(2) {
                     return Err(format!("a header block on stream {id}"));
                 }
                 let mut b = match (kind, block.take()) {
