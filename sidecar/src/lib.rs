@@ -94,6 +94,13 @@ pub struct Args {
     /// Upstream TCP connect timeout.
     #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub connect_timeout: Duration,
+    /// How long a client connection may go without sending a complete
+    /// request head before it is closed: an idle keep-alive connection, or
+    /// a client sending its headers too slowly (HTTP/1.1; `0s`: never).
+    /// 75s is nginx's keepalive_timeout: longer than most clients keep an
+    /// idle pooled connection, so it is rarely the one to close.
+    #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]
+    pub client_idle_timeout: Duration,
     /// Event loops (threads) serving the proxy listeners, each on its own
     /// SO_REUSEPORT socket. Default: 1 in sidecar mode (one pod's traffic;
     /// the cheapest per request), one per core in gateway mode; 0 means one
@@ -121,6 +128,11 @@ fn parse_alias(s: &str) -> Result<(String, String), String> {
         }
         _ => Err(format!("{s:?} is not HOST=SERVICE.NAMESPACE")),
     }
+}
+
+/// None for a zero duration ("never").
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
 }
 
 /// Parses `250ms`, `1s`, `2m`.
@@ -196,6 +208,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         routing: routing.clone(),
         ready: ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
+        client_idle_timeout: nonzero(args.client_idle_timeout),
     });
     serve_on_loops(
         name,
@@ -240,6 +253,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             routing: Arc::new(ArcSwap::from_pointee(table)),
             ready: Arc::new(AtomicBool::new(true)),
             trust_forwarded_for: false,
+            client_idle_timeout: nonzero(args.client_idle_timeout),
         });
         serve_on_loops(
             "inbound",

@@ -60,6 +60,9 @@ pub struct Proxy {
     /// Take the caller's address for source-IP hashing from the first
     /// `X-Forwarded-For` hop (a gateway behind a trusted load balancer).
     pub trust_forwarded_for: bool,
+    /// Closes a client connection that sends no complete request head for
+    /// this long (`--client-idle-timeout`); None: never.
+    pub client_idle_timeout: Option<Duration>,
 }
 
 impl Proxy {
@@ -752,9 +755,17 @@ fn serve_connection(
     loops.open[me].fetch_add(1, Ordering::Relaxed);
     let open = Open(loops.clone(), me);
     let _ = stream.set_nodelay(true);
+    let idle = proxy.client_idle_timeout;
     let proxy = proxy.clone();
     let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // hyper's header read timeout runs from when a connection starts waiting
+    // for a request head: it closes idle keep-alive connections and clients
+    // that send headers too slowly alike.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(idle);
     let conn = builder
         .serve_connection(TokioIo::new(stream), svc)
         .into_owned();
