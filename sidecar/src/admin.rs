@@ -44,7 +44,10 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(handle(&admin, &req)) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // With a timer, hyper closes a connection that sends no whole
+            // request head for 30 s: idle keep-alive, or headers too slow.
+            builder.http1().timer(hyper_util::rt::TokioTimer::new());
             if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
                 debug!(error = %e, "admin connection ended");
             }
