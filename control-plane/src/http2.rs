@@ -1308,6 +1308,18 @@ mod tests {
         frame(SETTINGS, 0, 0, &[])
     }
 
+    /// The preface, SETTINGS, and one stream more than the limit, each
+    /// opened with POST / (static entries 3 and 4) and left open (no
+    /// END_STREAM).
+    fn one_stream_too_many() -> Vec<u8> {
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame_settings());
+        for i in 0..=MAX_STREAMS as u32 {
+            bytes.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &[0x83, 0x84]));
+        }
+        bytes
+    }
+
     #[tokio::test]
     async fn pings_are_answered_and_a_peer_that_does_not_answer_is_dropped() {
         let addr = echo_server(Settings {
@@ -1335,12 +1347,8 @@ mod tests {
     async fn frames_on_a_refused_stream_are_ignored_and_a_bad_stream_ends_alone() {
         let addr = echo_server(settings()).await;
         let mut io = TcpStream::connect(addr).await.unwrap();
-        let mut bytes = PREFACE.to_vec();
-        bytes.extend(frame_settings());
         // Streams 1 to 31 are taken; 33 is refused.
-        for i in 0..=MAX_STREAMS as u32 {
-            bytes.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &[0x83, 0x84]));
-        }
+        let mut bytes = one_stream_too_many();
         let refused = 2 * MAX_STREAMS as u32 + 1;
         // The client had queued more for 33 before it saw the refusal: its
         // body and trailers (an empty block) are ignored.
@@ -1390,12 +1398,7 @@ mod tests {
     async fn streams_beyond_the_limit_are_refused() {
         let addr = echo_server(settings()).await;
         let mut io = TcpStream::connect(addr).await.unwrap();
-        let mut bytes = PREFACE.to_vec();
-        bytes.extend(frame_settings());
-        // POST /: static entries 3 and 4; no END_STREAM, so each stays open.
-        for i in 0..=MAX_STREAMS as u32 {
-            bytes.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &[0x83, 0x84]));
-        }
+        let mut bytes = one_stream_too_many();
         bytes.extend(frame(GOAWAY, 0, 0, &[0, 0, 0, 0, 0, 0, 0, 0]));
         io.write_all(&bytes).await.unwrap();
         io.shutdown().await.unwrap();
