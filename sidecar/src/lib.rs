@@ -97,8 +97,9 @@ pub struct Args {
     /// How long a client connection may go without sending a complete
     /// request head before it is closed: an idle keep-alive connection, or
     /// a client sending its headers too slowly (HTTP/1.1; `0s`: never).
-    /// 75s is nginx's keepalive_timeout: longer than most clients keep an
-    /// idle pooled connection, so it is rarely the one to close.
+    /// The default, 75s, is nginx's keepalive_timeout. A client whose pool
+    /// keeps idle connections longer (Go and hyper: 90s) sees them closed
+    /// and opens new ones.
     #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]
     pub client_idle_timeout: Duration,
     /// Event loops (threads) serving the proxy listeners, each on its own
