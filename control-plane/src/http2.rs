@@ -1212,6 +1212,28 @@ mod tests {
         frames
     }
 
+    /// An HTTP/2 client (hyper's) connected to `addr`.
+    pub(super) async fn hyper_client(
+        addr: std::net::SocketAddr,
+    ) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+        let io = hyper_util::rt::TokioIo::new(TcpStream::connect(addr).await.unwrap());
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        sender
+    }
+
+    /// The (stream, error code) of every RST_STREAM among `frames`.
+    fn resets(frames: &[(u8, u8, u32, Vec<u8>)]) -> Vec<(u32, Vec<u8>)> {
+        frames
+            .iter()
+            .filter(|f| f.0 == RST_STREAM)
+            .map(|f| (f.2, f.3.clone()))
+            .collect()
+    }
+
     fn goaway(frames: &[(u8, u8, u32, Vec<u8>)]) -> (u32, String) {
         let (_, _, _, p) = frames.iter().find(|f| f.0 == GOAWAY).expect("a GOAWAY");
         let code = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
@@ -1221,12 +1243,7 @@ mod tests {
     #[tokio::test]
     async fn a_megabyte_each_way_through_the_flow_control_windows() {
         let addr = echo_server(settings()).await;
-        let io = hyper_util::rt::TokioIo::new(TcpStream::connect(addr).await.unwrap());
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
-                .await
-                .unwrap();
-        tokio::spawn(conn);
+        let mut sender = hyper_client(addr).await;
         let payload: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
         // Two streams at once on one connection, sharing its window.
         let mut replies = Vec::new();
@@ -1368,11 +1385,7 @@ mod tests {
         io.write_all(&bytes).await.unwrap();
         let frames = frames_until_close(&mut io).await;
         assert!(frames.iter().all(|f| f.0 != GOAWAY), "no connection error");
-        let resets: Vec<(u32, Vec<u8>)> = frames
-            .iter()
-            .filter(|f| f.0 == RST_STREAM)
-            .map(|f| (f.2, f.3.clone()))
-            .collect();
+        let resets = resets(&frames);
         assert_eq!(
             resets,
             [
@@ -1403,11 +1416,7 @@ mod tests {
         io.write_all(&bytes).await.unwrap();
         io.shutdown().await.unwrap();
         let frames = frames_until_close(&mut io).await;
-        let resets: Vec<(u32, Vec<u8>)> = frames
-            .iter()
-            .filter(|f| f.0 == RST_STREAM)
-            .map(|f| (f.2, f.3.clone()))
-            .collect();
+        let resets = resets(&frames);
         assert_eq!(
             resets,
             [(

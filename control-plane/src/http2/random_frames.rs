@@ -654,12 +654,7 @@ async fn random_frames_never_panic_hang_or_garble_the_output() {
     );
 
     // And it still serves a well-behaved client.
-    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(addr).await.unwrap());
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = super::tests::hyper_client(addr).await;
     let request = Request::post("http://cp/trailers")
         .body(Full::new(Bytes::from_static(b"still here")))
         .unwrap();
