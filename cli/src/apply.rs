@@ -28,10 +28,23 @@ pub struct Validated {
     pub key: ObjectKey,
     /// Its resolved policy.
     pub policy: &'static str,
+    /// The policy of each port with its own (`portLevelSettings`).
+    pub port_policies: Vec<(u16, &'static str)>,
     /// The document, to store.
     pub raw: serde_json::Value,
     /// Caveats.
     pub warnings: Vec<String>,
+}
+
+impl Validated {
+    /// The policy as users read it: `ROUND_ROBIN`, then each port's own.
+    pub fn describe(&self) -> String {
+        let mut s = self.policy.to_string();
+        for (port, policy) in &self.port_policies {
+            s += &format!(", port {port}: {policy}");
+        }
+        s
+    }
 }
 
 /// Validates every rule of a file; all errors at once, each naming file, object, field and reason.
@@ -52,6 +65,12 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
             (Ok(Object::Rule(r)), Some(key)) => out.push(Validated {
                 key,
                 policy: r.resolved.policy.as_str(),
+                port_policies: r
+                    .resolved
+                    .ports
+                    .iter()
+                    .map(|(port, p)| (*port, p.policy.as_str()))
+                    .collect(),
                 raw: doc.raw,
                 warnings: r.warnings.clone(),
             }),
@@ -94,7 +113,9 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
             for r in validate_file(f, "default")? {
                 println!(
                     "destinationrule {}/{} valid: {} (dry run)",
-                    r.key.namespace, r.key.name, r.policy
+                    r.key.namespace,
+                    r.key.name,
+                    r.describe()
                 );
             }
         }
@@ -113,7 +134,9 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
         wait_rule(&state, &r.key, r.policy).await?;
         println!(
             "destinationrule {}/{} applied: {}",
-            r.key.namespace, r.key.name, r.policy
+            r.key.namespace,
+            r.key.name,
+            r.describe()
         );
         for w in &r.warnings {
             println!("  warning: {w}");

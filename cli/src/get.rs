@@ -62,6 +62,12 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
                     s(&r["accepted"]),
                     s(&r["message"])
                 );
+                for (port, policy) in r["portPolicies"].as_object().into_iter().flatten() {
+                    println!("  port {port}: {}", s(policy));
+                }
+                for w in r["warnings"].as_array().into_iter().flatten() {
+                    println!("  warning: {}", s(w));
+                }
             }
             let errors: Vec<_> = v["errors"].as_array().into_iter().flatten().collect();
             if !errors.is_empty() {

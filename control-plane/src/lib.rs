@@ -394,6 +394,12 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
                 "file": origin,
                 "host": rule.rule.spec.host,
                 "policy": rule.resolved.policy.as_str(),
+                "portPolicies": rule
+                    .resolved
+                    .ports
+                    .iter()
+                    .map(|(port, r)| (port.to_string(), r.policy.as_str()))
+                    .collect::<BTreeMap<_, _>>(),
                 "accepted": st.is_none_or(|s| s.accepted),
                 "reason": st.map_or("Accepted", |s| s.reason.as_str()),
                 "message": st.map_or("", |s| s.message.as_str()),

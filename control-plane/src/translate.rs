@@ -150,7 +150,7 @@ pub fn translate(
             .collect();
         for port in &tcp_ports {
             let name = cluster_name(&skey.name, &skey.namespace, port.port);
-            let resolved = rule.map(|(_, r)| r.resolved.clone());
+            let resolved = rule.map(|(_, r)| r.resolved.for_port(port.port));
             let mut cluster = Cluster {
                 name: name.clone(),
                 service: skey.name.clone(),
@@ -163,7 +163,7 @@ pub fn translate(
                 retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
                 ..Default::default()
             };
-            if let (Some(res), Some((key, vr))) = (&resolved, rule) {
+            if let (Some(res), Some((key, vr))) = (resolved, rule) {
                 cluster.policy = lb_policy(res.policy) as i32;
                 cluster.rule = format!("{}/{}", key.namespace, key.name);
                 cluster.connect_timeout_ms =
@@ -201,14 +201,14 @@ pub fn translate(
                     Policy::Maglev => cluster.table_size = res.hash_table_size,
                     _ => {}
                 }
-                cluster.hash_key = hash_key_of(vr);
+                cluster.hash_key = vr.rule.spec.load_balancer(port.port).and_then(hash_key_of);
                 status
                     .entry((*key).clone())
                     .or_insert_with(|| RuleStatus {
                         accepted: true,
                         reason: "Accepted".into(),
                         message: String::new(),
-                        policy: Some(res.policy.as_str()),
+                        policy: Some(vr.resolved.policy.as_str()),
                         clusters: vec![],
                     })
                     .clusters
@@ -218,7 +218,8 @@ pub fn translate(
                 port.name.as_deref(),
                 tcp_ports.len(),
                 &slices,
-                rule.map(|r| r.1),
+                rule.and_then(|r| r.1.rule.spec.load_balancer(port.port))
+                    .map_or(&[], |lb| lb.endpoint_weights.as_slice()),
             );
             let mut endpoints = endpoints;
             if cluster.policy == LbPolicy::LoadAware as i32 {
@@ -242,6 +243,25 @@ pub fn translate(
                 cluster: name.clone(),
             });
             out.clusters.insert(name, cluster);
+        }
+        if let Some((key, vr)) = rule {
+            let unmatched: Vec<String> = vr
+                .resolved
+                .ports
+                .keys()
+                .filter(|n| !tcp_ports.iter().any(|p| p.port == **n))
+                .map(u16::to_string)
+                .collect();
+            if let (false, Some(st)) = (unmatched.is_empty(), status.get_mut(*key)) {
+                let ports: Vec<String> = tcp_ports.iter().map(|p| p.port.to_string()).collect();
+                st.message = format!(
+                    "spec.trafficPolicy.portLevelSettings: service {}.{} has no port {} (its ports: {}); those settings apply to no traffic",
+                    skey.name,
+                    skey.namespace,
+                    unmatched.join(", "),
+                    ports.join(", ")
+                );
+            }
         }
         if route.ports.is_empty() {
             continue;
@@ -270,16 +290,8 @@ fn lb_policy(p: Policy) -> LbPolicy {
     }
 }
 
-fn hash_key_of(rule: &ValidRule) -> Option<HashKey> {
-    let ch = rule
-        .rule
-        .spec
-        .traffic_policy
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .consistent_hash
-        .as_ref()?;
+fn hash_key_of(lb: &rule::LoadBalancer) -> Option<HashKey> {
+    let ch = lb.consistent_hash.as_ref()?;
     let key = if let Some(h) = &ch.http_header_name {
         hash_key::Key::Header(h.to_ascii_lowercase())
     } else if let Some(c) = &ch.http_cookie {
@@ -307,13 +319,8 @@ fn endpoints_for(
     port_name: Option<&str>,
     service_ports: usize,
     slices: &[&EndpointSlice],
-    rule: Option<&ValidRule>,
+    weights: &[rule::EndpointWeight],
 ) -> Vec<Endpoint> {
-    let weights = rule
-        .and_then(|r| r.rule.spec.traffic_policy.as_ref())
-        .and_then(|t| t.load_balancer.as_ref())
-        .map(|lb| lb.endpoint_weights.as_slice())
-        .unwrap_or(&[]);
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for slice in slices {

@@ -1,5 +1,7 @@
 //! Each policy's distribution, measured at the sidecar's callers.
 
+use std::collections::BTreeMap;
+
 use crate::harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,4 +263,93 @@ async fn loops_become(admin: std::net::SocketAddr, want: [u64; 2]) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     panic!("loops never served {want:?}; last: {last:?}");
+}
+
+/// A Service with three ports, one rule: port 80 takes the destination's
+/// ROUND_ROBIN, port 9000 hashes on a header, port 9001 weighs 3:1. A
+/// portLevelSettings entry for a port the Service lacks is reported on the
+/// rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_level_settings_give_each_service_port_its_own_policy() {
+    let net = Net::new(17);
+    let _b1 = net.backend(1, &[]).await;
+    let _b2 = net.backend(2, &[]).await;
+    let ports = [("http", 80), ("hash", 9000), ("weighted", 9001)];
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: backend, namespace: {NS}}}\nspec:\n  ports:\n"
+    );
+    for (name, port) in ports {
+        yaml += &format!("  - {{name: {name}, port: {port}, targetPort: 9090}}\n");
+    }
+    yaml += &format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: backend-abc\n  namespace: {NS}\n  labels: {{kubernetes.io/service-name: backend}}\naddressType: IPv4\nports:\n");
+    for (name, _) in ports {
+        yaml += &format!("- {{name: {name}, port: 9090}}\n");
+    }
+    yaml += "endpoints:\n";
+    for h in [1, 2] {
+        yaml += &format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: backend-{h}}}\n",
+            net.ip(h)
+        );
+    }
+    net.write("svc-backend.yaml", &yaml);
+    net.write(
+        "rule.yaml",
+        &format!(
+            "apiVersion: minimesh.io/v1alpha1
+kind: DestinationRule
+metadata: {{name: backend-dr}}
+spec:
+  host: backend
+  trafficPolicy:
+    loadBalancer: {{simple: ROUND_ROBIN}}
+    portLevelSettings:
+    - port: {{number: 9000}}
+      loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}
+    - port: {{number: 9001}}
+      loadBalancer:
+        simple: ROUND_ROBIN
+        endpointWeights: [{{address: \"{}\", weight: 3}}]
+    - port: {{number: 9002}}
+      loadBalancer: {{simple: RANDOM}}
+",
+            net.ip(1)
+        ),
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let mut conn = Conn::open(net.addr(100, 15001)).await.expect("sidecar");
+    let mut served = BTreeMap::<(u16, String), u32>::new();
+    for port in [80, 9000, 9001] {
+        for _ in 0..400 {
+            let (status, ep) = conn
+                .get_with(&format!("backend:{port}"), "/", &[("x-user", "vu-7")])
+                .await
+                .expect("request");
+            assert_eq!(status, 200);
+            *served.entry((port, ep.unwrap_or_default())).or_default() += 1;
+        }
+    }
+    let (e1, e2) = (net.addr(1, 9090).to_string(), net.addr(2, 9090).to_string());
+    let n = |port: u16, ep: &str| served.get(&(port, ep.to_string())).copied().unwrap_or(0);
+    // Round robin on port 80, header or not.
+    assert_eq!((n(80, &e1), n(80, &e2)), (200, 200), "{served:?}");
+    // One user, one endpoint on port 9000.
+    assert!(n(9000, &e1) == 400 || n(9000, &e2) == 400, "{served:?}");
+    // 3:1 on port 9001.
+    assert_eq!((n(9001, &e1), n(9001, &e2)), (300, 100), "{served:?}");
+
+    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    let rule = &cfg["rules"][0];
+    assert_eq!(rule["policy"], "ROUND_ROBIN", "{rule:#}");
+    assert_eq!(
+        rule["portPolicies"],
+        serde_json::json!({"9000": "RING_HASH", "9001": "ROUND_ROBIN", "9002": "RANDOM"}),
+        "{rule:#}"
+    );
+    assert_eq!(
+        rule["message"],
+        "spec.trafficPolicy.portLevelSettings: service backend.default has no port 9002 (its ports: 80, 9000, 9001); those settings apply to no traffic",
+        "{rule:#}"
+    );
 }

@@ -116,10 +116,12 @@ pub struct TrafficPolicy {
     #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub tls: Option<serde_json::Value>,
-    /// Istio per-port policies: accepted, not yet used (warning).
+    /// Istio per-port policies: for traffic to one port of the service, each
+    /// of `loadBalancer`, `connectionPool`, `outlierDetection` and `tls` set
+    /// here replaces the destination-level one as a whole (nothing inside it
+    /// is inherited); the rest of the policy applies as is.
     #[serde(default)]
-    #[schemars(schema_with = "any_objects")]
-    pub port_level_settings: Vec<serde_json::Value>,
+    pub port_level_settings: Vec<PortTrafficPolicy>,
     /// minimesh extension: active HTTP health checks.
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
@@ -129,6 +131,52 @@ pub struct TrafficPolicy {
     /// minimesh extension: whole-request timeout, e.g. `10s` (default: none).
     #[serde(default)]
     pub timeout: Option<String>,
+}
+
+/// One entry of `spec.trafficPolicy.portLevelSettings` (Istio's
+/// `PortTrafficPolicy`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortTrafficPolicy {
+    /// The Service port (`spec.ports[].port`, not the target port) the
+    /// settings apply to.
+    #[serde(default)]
+    pub port: Option<PortSelector>,
+    /// How endpoints are picked on this port.
+    #[serde(default)]
+    pub load_balancer: Option<LoadBalancer>,
+    /// Connection pool limits on this port.
+    #[serde(default)]
+    pub connection_pool: Option<ConnectionPool>,
+    /// Outlier detection on this port.
+    #[serde(default)]
+    pub outlier_detection: Option<OutlierDetection>,
+    /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
+    #[serde(default)]
+    #[schemars(schema_with = "any_object")]
+    pub tls: Option<serde_json::Value>,
+}
+
+/// `portLevelSettings[].port`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortSelector {
+    /// Port number, 1 to 65535.
+    #[schemars(range(min = 1, max = 65535))]
+    pub number: u32,
+}
+
+impl RuleSpec {
+    /// The load balancer in force on `port`: the port's own when
+    /// `portLevelSettings` sets one, else the destination's.
+    pub fn load_balancer(&self, port: u16) -> Option<&LoadBalancer> {
+        let tp = self.traffic_policy.as_ref()?;
+        tp.port_level_settings
+            .iter()
+            .find(|p| p.port.as_ref().is_some_and(|s| s.number == u32::from(port)))
+            .and_then(|p| p.load_balancer.as_ref())
+            .or(tp.load_balancer.as_ref())
+    }
 }
 
 /// `spec.trafficPolicy.healthCheck` (minimesh extension).
@@ -525,6 +573,17 @@ pub struct Resolved {
     pub max_requests_per_connection: u32,
     /// Retries in flight per sidecar at most (0 = unlimited).
     pub max_retries: u32,
+    /// Settings of the ports named in `portLevelSettings`, each with the
+    /// port's sections merged over the destination's (their own `ports` is
+    /// empty).
+    pub ports: BTreeMap<u16, Resolved>,
+}
+
+impl Resolved {
+    /// The settings in force on `port`.
+    pub fn for_port(&self, port: u16) -> &Resolved {
+        self.ports.get(&port).unwrap_or(self)
+    }
 }
 
 /// Default retry budget: retries at most 20% of requests…
@@ -558,33 +617,103 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
                 .to_string(),
         );
     }
-    let mut resolved = Resolved {
-        policy: Policy::LeastRequest,
-        hash_table_size: 0,
-        connect_timeout: None,
-        timeout: None,
-        retry_attempts: DEFAULT_RETRY_ATTEMPTS,
-        warmup: None,
-        warmup_min_percent: 10.0,
-        warmup_aggression: 1.0,
-        per_try_timeout: None,
-        retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
-        retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
-        outlier: None,
-        max_requests: 0,
-        idle_timeout: None,
-        max_requests_per_connection: 0,
-        max_retries: 0,
-        retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
-        health_check: None,
-    };
     let Some(tp) = &spec.traffic_policy else {
-        return Ok((resolved, warnings));
+        return Ok((Resolved::default(), warnings));
     };
+    const TP: &str = "spec.trafficPolicy";
+    let mut resolved = resolve(tp, TP, &mut warnings)?;
+    let mut ports = BTreeMap::new();
+    for (i, p) in tp.port_level_settings.iter().enumerate() {
+        let at = format!("{TP}.portLevelSettings[{i}]");
+        let Some(PortSelector { number }) = p.port else {
+            return Err(FieldError::new(
+                format!("{at}.port"),
+                "must name the Service port: port: {number: N}",
+            ));
+        };
+        let port = match u16::try_from(number) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(FieldError::new(
+                    format!("{at}.port.number"),
+                    format!("{number} is out of range 1..=65535"),
+                ))
+            }
+        };
+        // The port's own sections are checked alone, so that errors and
+        // warnings name them at `at`; no check spans two sections.
+        let own = TrafficPolicy {
+            load_balancer: p.load_balancer.clone(),
+            connection_pool: p.connection_pool.clone(),
+            outlier_detection: p.outlier_detection.clone(),
+            tls: p.tls.clone(),
+            ..TrafficPolicy::default()
+        };
+        resolve(&own, &at, &mut warnings)?;
+        // Each section the port sets replaces the destination's whole.
+        let merged = TrafficPolicy {
+            load_balancer: own.load_balancer.or_else(|| tp.load_balancer.clone()),
+            connection_pool: own.connection_pool.or_else(|| tp.connection_pool.clone()),
+            outlier_detection: own
+                .outlier_detection
+                .or_else(|| tp.outlier_detection.clone()),
+            tls: None,
+            port_level_settings: vec![],
+            ..tp.clone()
+        };
+        let port_resolved = resolve(&merged, &at, &mut Vec::new())?;
+        if ports.insert(port, port_resolved).is_some() {
+            return Err(FieldError::new(
+                format!("{at}.port.number"),
+                format!("port {port} is set by an earlier entry too"),
+            ));
+        }
+    }
+    resolved.ports = ports;
+    Ok((resolved, warnings))
+}
+
+impl Default for Resolved {
+    /// What a service with no rule gets.
+    fn default() -> Self {
+        Resolved {
+            policy: Policy::LeastRequest,
+            hash_table_size: 0,
+            connect_timeout: None,
+            timeout: None,
+            retry_attempts: DEFAULT_RETRY_ATTEMPTS,
+            warmup: None,
+            warmup_min_percent: 10.0,
+            warmup_aggression: 1.0,
+            per_try_timeout: None,
+            retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
+            retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
+            outlier: None,
+            max_requests: 0,
+            idle_timeout: None,
+            max_requests_per_connection: 0,
+            max_retries: 0,
+            retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
+            health_check: None,
+            ports: BTreeMap::new(),
+        }
+    }
+}
+
+/// Resolves one traffic policy whose fields live under `at`
+/// (`spec.trafficPolicy`, or a port's entry of `portLevelSettings`).
+fn resolve(
+    tp: &TrafficPolicy,
+    at: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Resolved, FieldError> {
+    let mut resolved = Resolved::default();
     if let Some(od) = &tp.outlier_detection {
-        const OD: &str = "spec.trafficPolicy.outlierDetection";
+        let od_at = format!("{at}.outlierDetection");
         let dur = |v: &Option<String>, field: &str, default: Duration| match v {
-            Some(t) => parse_duration(t).map_err(|r| FieldError::new(format!("{OD}.{field}"), r)),
+            Some(t) => {
+                parse_duration(t).map_err(|r| FieldError::new(format!("{od_at}.{field}"), r))
+            }
             None => Ok(default),
         };
         dur(&od.interval, "interval", Duration::from_secs(10))?;
@@ -599,7 +728,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         ] {
             if v.is_some_and(|v| v > 100) {
                 return Err(FieldError::new(
-                    format!("{OD}.{field}"),
+                    format!("{od_at}.{field}"),
                     format!("{} is more than 100", v.unwrap_or(0)),
                 ));
             }
@@ -613,15 +742,17 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         });
     }
     if let Some(hc) = &tp.health_check {
-        const HC: &str = "spec.trafficPolicy.healthCheck";
+        let hc_at = format!("{at}.healthCheck");
         let dur = |v: &Option<String>, field: &str, default: Duration| match v {
-            Some(t) => parse_duration(t).map_err(|r| FieldError::new(format!("{HC}.{field}"), r)),
+            Some(t) => {
+                parse_duration(t).map_err(|r| FieldError::new(format!("{hc_at}.{field}"), r))
+            }
             None => Ok(default),
         };
         let interval = dur(&hc.interval, "interval", Duration::from_secs(5))?;
         if interval < Duration::from_millis(100) {
             return Err(FieldError::new(
-                format!("{HC}.interval"),
+                format!("{hc_at}.interval"),
                 "must be at least 100ms",
             ));
         }
@@ -632,17 +763,17 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             || path.parse::<http::uri::PathAndQuery>().is_err()
         {
             return Err(FieldError::new(
-                format!("{HC}.path"),
+                format!("{hc_at}.path"),
                 format!("{path:?} is not an absolute path"),
             ));
         }
         let th = |v: Option<u32>, field: &str, default: u32| match v {
             Some(0) => Err(FieldError::new(
-                format!("{HC}.{field}"),
+                format!("{hc_at}.{field}"),
                 "must be at least 1",
             )),
             Some(n) if n > 100 => Err(FieldError::new(
-                format!("{HC}.{field}"),
+                format!("{hc_at}.{field}"),
                 format!("{n} is more than 100"),
             )),
             Some(n) => Ok(n),
@@ -657,7 +788,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         });
     }
     if let Some(cp) = &tp.connection_pool {
-        const CP: &str = "spec.trafficPolicy.connectionPool";
+        let cp_at = format!("{at}.connectionPool");
         let conns = cp.tcp.as_ref().and_then(|t| t.max_connections);
         let pending = cp.http.as_ref().and_then(|h| h.http1_max_pending_requests);
         let h2 = cp.http.as_ref().and_then(|h| h.http2_max_requests);
@@ -668,7 +799,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         ] {
             if v == Some(0) {
                 return Err(FieldError::new(
-                    format!("{CP}.{field}"),
+                    format!("{cp_at}.{field}"),
                     "must be at least 1",
                 ));
             }
@@ -688,7 +819,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             (None, None) => 0,
         };
         let dur = |v: Option<&String>, field: &str| {
-            v.map(|t| parse_duration(t).map_err(|r| FieldError::new(format!("{CP}.{field}"), r)))
+            v.map(|t| parse_duration(t).map_err(|r| FieldError::new(format!("{cp_at}.{field}"), r)))
                 .transpose()
         };
         resolved.connect_timeout = dur(
@@ -703,7 +834,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             resolved.max_requests_per_connection = h.max_requests_per_connection.unwrap_or(0);
             if h.max_retries == Some(0) {
                 return Err(FieldError::new(
-                    format!("{CP}.http.maxRetries"),
+                    format!("{cp_at}.http.maxRetries"),
                     "must be at least 1 (to turn retries off, set retries.attempts: 0)",
                 ));
             }
@@ -738,29 +869,24 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         .collect();
         for f in unenforced {
             warnings.push(format!(
-                "{CP}.{f}: accepted but not enforced (upstream connections are HTTP/1.1)"
+                "{cp_at}.{f}: accepted but not enforced (upstream connections are HTTP/1.1)"
             ));
         }
     }
-    for (set, name) in [
-        (tp.tls.is_some(), "tls"),
-        (!tp.port_level_settings.is_empty(), "portLevelSettings"),
-    ] {
-        if set {
-            warnings.push(format!(
-                "spec.trafficPolicy.{name}: accepted but not enforced yet"
-            ));
-        }
+    if tp.tls.is_some() {
+        warnings.push(format!(
+            "{at}.tls: accepted but not enforced (minimesh does not originate TLS)"
+        ));
     }
     if let Some(t) = &tp.timeout {
         resolved.timeout =
-            Some(parse_duration(t).map_err(|r| FieldError::new("spec.trafficPolicy.timeout", r))?);
+            Some(parse_duration(t).map_err(|r| FieldError::new(format!("{at}.timeout"), r))?);
     }
     if let Some(r) = &tp.retries {
         if let Some(a) = r.attempts {
             if a > 10 {
                 return Err(FieldError::new(
-                    "spec.trafficPolicy.retries.attempts",
+                    format!("{at}.retries.attempts"),
                     format!("{a} is more than the maximum of 10"),
                 ));
             }
@@ -768,18 +894,18 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         }
         if let Some(on) = &r.retry_on {
             resolved.retry_on = parse_retry_on(on)
-                .map_err(|reason| FieldError::new("spec.trafficPolicy.retries.retryOn", reason))?;
+                .map_err(|reason| FieldError::new(format!("{at}.retries.retryOn"), reason))?;
         }
         if let Some(t) = &r.per_try_timeout {
             resolved.per_try_timeout = Some(
                 parse_duration(t)
-                    .map_err(|r| FieldError::new("spec.trafficPolicy.retries.perTryTimeout", r))?,
+                    .map_err(|r| FieldError::new(format!("{at}.retries.perTryTimeout"), r))?,
             );
         }
         if let Some(p) = r.budget_percent {
             if p > 100 {
                 return Err(FieldError::new(
-                    "spec.trafficPolicy.retries.budgetPercent",
+                    format!("{at}.retries.budgetPercent"),
                     format!("{p} is more than 100"),
                 ));
             }
@@ -788,7 +914,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         if let Some(m) = r.min_retries_per_second {
             if m > 100_000 {
                 return Err(FieldError::new(
-                    "spec.trafficPolicy.retries.minRetriesPerSecond",
+                    format!("{at}.retries.minRetriesPerSecond"),
                     format!("{m} is more than 100000"),
                 ));
             }
@@ -796,16 +922,18 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         }
     }
     let Some(lb) = &tp.load_balancer else {
-        return Ok((resolved, warnings));
+        return Ok(resolved);
     };
-    const LB: &str = "spec.trafficPolicy.loadBalancer";
+    let lb_at = format!("{at}.loadBalancer");
     if lb.locality_lb_setting.is_some() {
-        warnings.push(format!("{LB}.localityLbSetting: accepted but not used yet"));
+        warnings.push(format!(
+            "{lb_at}.localityLbSetting: accepted but not used yet"
+        ));
     }
     match (&lb.simple, &lb.consistent_hash) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
-                LB,
+                &lb_at,
                 "set either simple or consistentHash, not both",
             ))
         }
@@ -820,26 +948,26 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
                 SimpleLb::LoadAware => Policy::LoadAware,
                 SimpleLb::Passthrough => {
                     return Err(FieldError::new(
-                        format!("{LB}.simple"),
+                        format!("{lb_at}.simple"),
                         "PASSTHROUGH is not supported: minimesh always balances over the service's endpoints",
                     ))
                 }
             };
         }
         (None, Some(ch)) => {
-            validate_hash(ch, &mut resolved)?;
+            validate_hash(ch, &lb_at, &mut resolved)?;
         }
         (None, None) => {}
     }
     let warmup = match (&lb.warmup_duration_secs, &lb.warmup) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
-                LB,
+                &lb_at,
                 "set either warmupDurationSecs or warmup, not both",
             ))
         }
-        (Some(d), None) => Some((format!("{LB}.warmupDurationSecs"), d)),
-        (None, Some(w)) => Some((format!("{LB}.warmup.duration"), &w.duration)),
+        (Some(d), None) => Some((format!("{lb_at}.warmupDurationSecs"), d)),
+        (None, Some(w)) => Some((format!("{lb_at}.warmup.duration"), &w.duration)),
         (None, None) => None,
     };
     if let Some((field, d)) = warmup {
@@ -855,7 +983,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             if let Some(p) = w.minimum_percent {
                 if !(0.0..=100.0).contains(&p) {
                     return Err(FieldError::new(
-                        format!("{LB}.warmup.minimumPercent"),
+                        format!("{lb_at}.warmup.minimumPercent"),
                         format!("{p} is not between 0 and 100"),
                     ));
                 }
@@ -864,7 +992,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             if let Some(a) = w.aggression {
                 if !(a.is_finite() && a > 0.0 && a <= 100.0) {
                     return Err(FieldError::new(
-                        format!("{LB}.warmup.aggression"),
+                        format!("{lb_at}.warmup.aggression"),
                         format!("{a} must be above 0 and at most 100"),
                     ));
                 }
@@ -873,7 +1001,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
         }
     }
     for (i, w) in lb.endpoint_weights.iter().enumerate() {
-        let field = format!("{LB}.endpointWeights[{i}]");
+        let field = format!("{lb_at}.endpointWeights[{i}]");
         let selectors =
             w.pod.is_some() as u8 + w.address.is_some() as u8 + (!w.labels.is_empty()) as u8;
         if selectors != 1 {
@@ -899,40 +1027,45 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     }
     if !lb.endpoint_weights.is_empty() && resolved.policy == Policy::LoadAware {
         return Err(FieldError::new(
-            format!("{LB}.endpointWeights"),
+            format!("{lb_at}.endpointWeights"),
             "LOAD_AWARE computes weights itself; remove endpointWeights or pick another policy",
         ));
     }
-    Ok((resolved, warnings))
+    Ok(resolved)
 }
 
-fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), FieldError> {
-    const CH: &str = "spec.trafficPolicy.loadBalancer.consistentHash";
+fn validate_hash(
+    ch: &ConsistentHash,
+    lb_at: &str,
+    resolved: &mut Resolved,
+) -> Result<(), FieldError> {
+    let ch_at = format!("{lb_at}.consistentHash");
     let keys = ch.http_header_name.is_some() as u8
         + ch.http_cookie.is_some() as u8
         + ch.use_source_ip.unwrap_or(false) as u8
         + ch.http_query_parameter_name.is_some() as u8;
     if keys != 1 {
         return Err(FieldError::new(
-            CH,
+            &ch_at,
             "set exactly one hash key: httpHeaderName, httpCookie, useSourceIp or httpQueryParameterName",
         ));
     }
     if let Some(c) = &ch.http_cookie {
         if c.name.is_empty() {
             return Err(FieldError::new(
-                format!("{CH}.httpCookie.name"),
+                format!("{ch_at}.httpCookie.name"),
                 "must not be empty",
             ));
         }
         if let Some(ttl) = &c.ttl {
-            parse_duration(ttl).map_err(|r| FieldError::new(format!("{CH}.httpCookie.ttl"), r))?;
+            parse_duration(ttl)
+                .map_err(|r| FieldError::new(format!("{ch_at}.httpCookie.ttl"), r))?;
         }
     }
     match (&ch.ring_hash, &ch.maglev) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
-                CH,
+                &ch_at,
                 "set either ringHash or maglev, not both",
             ))
         }
@@ -940,7 +1073,7 @@ fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), Fie
             let size = m.table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE);
             if size > MAX_MAGLEV_TABLE_SIZE || !is_prime(size) {
                 return Err(FieldError::new(
-                    format!("{CH}.maglev.tableSize"),
+                    format!("{ch_at}.maglev.tableSize"),
                     format!("{size} must be a prime no larger than {MAX_MAGLEV_TABLE_SIZE}"),
                 ));
             }
@@ -958,7 +1091,7 @@ fn validate_hash(ch: &ConsistentHash, resolved: &mut Resolved) -> Result<(), Fie
             };
             if size == 0 || size > MAX_RING_SIZE {
                 return Err(FieldError::new(
-                    format!("{CH}.{field}"),
+                    format!("{ch_at}.{field}"),
                     format!("{size} is out of range 1..={MAX_RING_SIZE}"),
                 ));
             }
@@ -1082,6 +1215,89 @@ mod tests {
         assert_eq!(
             validate(&spec).map(|r| r.0.policy),
             Ok(Policy::LeastRequest)
+        );
+    }
+
+    fn with_policy(yaml: &str) -> Result<(Resolved, Vec<String>), FieldError> {
+        let tp: TrafficPolicy = serde_json::from_value(
+            serde_saphyr::from_str::<serde_json::Value>(yaml).expect("yaml"),
+        )
+        .expect("shape");
+        validate(&RuleSpec {
+            host: "a".into(),
+            traffic_policy: Some(tp),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn port_level_sections_replace_the_destinations_whole_and_nothing_else() {
+        let (r, warnings) = with_policy(
+            "{loadBalancer: {simple: ROUND_ROBIN, warmupDurationSecs: 30s},
+              connectionPool: {http: {maxRetries: 3}},
+              retries: {attempts: 4},
+              portLevelSettings: [
+                {port: {number: 9000}, loadBalancer: {consistentHash: {httpHeaderName: x-user, maglev: {}}}},
+                {port: {number: 9001}, connectionPool: {tcp: {connectTimeout: 250ms}}, tls: {mode: DISABLE}}]}",
+        )
+        .expect("valid");
+        assert_eq!(
+            (r.policy, r.warmup),
+            (Policy::RoundRobin, Some(Duration::from_secs(30)))
+        );
+        // Port 9000: its own load balancer, without the destination's warmup;
+        // the destination's pool and retries.
+        let p = r.for_port(9000);
+        assert_eq!(
+            (p.policy, p.warmup, p.hash_table_size),
+            (Policy::Maglev, None, 65537)
+        );
+        assert_eq!((p.max_retries, p.retry_attempts), (3, 4));
+        // Port 9001: its own pool, whose maxRetries is not inherited.
+        let p = r.for_port(9001);
+        assert_eq!(p.policy, Policy::RoundRobin);
+        assert_eq!(
+            (p.connect_timeout, p.max_retries),
+            (Some(Duration::from_millis(250)), 0)
+        );
+        assert_eq!(r.for_port(80), &r);
+        assert_eq!(
+            warnings,
+            vec!["spec.trafficPolicy.portLevelSettings[1].tls: accepted but not enforced (minimesh does not originate TLS)".to_string()]
+        );
+    }
+
+    #[test]
+    fn port_level_errors_name_the_entry() {
+        let err = |yaml: &str| with_policy(yaml).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err("{portLevelSettings: [{port: {number: 80}}, {port: {number: 81}, loadBalancer: {simple: PASSTHROUGH}}]}").field,
+            "spec.trafficPolicy.portLevelSettings[1].loadBalancer.simple"
+        );
+        assert_eq!(
+            err("{portLevelSettings: [{port: {number: 80}, loadBalancer: {consistentHash: {maglev: {tableSize: 100}, useSourceIp: true}}}]}").field,
+            "spec.trafficPolicy.portLevelSettings[0].loadBalancer.consistentHash.maglev.tableSize"
+        );
+        assert_eq!(
+            err("{portLevelSettings: [{loadBalancer: {simple: RANDOM}}]}"),
+            FieldError::new(
+                "spec.trafficPolicy.portLevelSettings[0].port",
+                "must name the Service port: port: {number: N}"
+            )
+        );
+        assert_eq!(
+            err("{portLevelSettings: [{port: {number: 70000}}]}"),
+            FieldError::new(
+                "spec.trafficPolicy.portLevelSettings[0].port.number",
+                "70000 is out of range 1..=65535"
+            )
+        );
+        assert_eq!(
+            err("{portLevelSettings: [{port: {number: 80}}, {port: {number: 80}, loadBalancer: {simple: RANDOM}}]}"),
+            FieldError::new(
+                "spec.trafficPolicy.portLevelSettings[1].port.number",
+                "port 80 is set by an earlier entry too"
+            )
         );
     }
 
