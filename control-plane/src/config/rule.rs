@@ -90,7 +90,8 @@ pub struct RuleSpec {
     #[serde(default)]
     #[schemars(schema_with = "any_objects")]
     pub subsets: Vec<serde_json::Value>,
-    /// Istio visibility: accepted; minimesh rules are visible mesh-wide.
+    /// Istio visibility: accepted; minimesh rules apply to callers in every
+    /// namespace, so anything but `["*"]` is reported as a warning.
     #[serde(default)]
     pub export_to: Vec<String>,
     /// Istio workload selector: accepted, not yet used (warning).
@@ -610,6 +611,12 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     }
     if !spec.subsets.is_empty() {
         warnings.push("spec.subsets: accepted but not used for routing yet".to_string());
+    }
+    if spec.export_to.iter().any(|e| e != "*") {
+        warnings.push(format!(
+            "spec.exportTo: {:?} is accepted but not enforced; the rule applies to callers in every namespace",
+            spec.export_to
+        ));
     }
     if spec.workload_selector.is_some() {
         warnings.push(
@@ -1264,6 +1271,24 @@ mod tests {
         assert_eq!(
             warnings,
             vec!["spec.trafficPolicy.portLevelSettings[1].tls: accepted but not enforced (minimesh does not originate TLS)".to_string()]
+        );
+    }
+
+    #[test]
+    fn export_to_other_than_everywhere_is_a_warning() {
+        let warnings = |export_to: &[&str]| {
+            validate(&RuleSpec {
+                host: "a".into(),
+                export_to: export_to.iter().map(|e| e.to_string()).collect(),
+                ..Default::default()
+            })
+            .expect("valid")
+            .1
+        };
+        assert!(warnings(&["*"]).is_empty());
+        assert_eq!(
+            warnings(&["."]),
+            vec!["spec.exportTo: [\".\"] is accepted but not enforced; the rule applies to callers in every namespace".to_string()]
         );
     }
 
