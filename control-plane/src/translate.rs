@@ -176,6 +176,9 @@ pub fn translate(
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.max_requests = res.max_requests;
                 cluster.idle_timeout_ms = res.idle_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.max_connection_duration_ms = res
+                    .max_connection_duration
+                    .map_or(0, |d| d.as_millis() as u64);
                 cluster.max_requests_per_connection = res.max_requests_per_connection;
                 cluster.max_retries = res.max_retries;
                 cluster.retry_on = res.retry_on;

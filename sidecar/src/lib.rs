@@ -175,6 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         connect_timeout: args.connect_timeout,
         idle_timeout: pool::DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
+        max_connection_ms: 0,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 

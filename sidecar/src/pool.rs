@@ -4,13 +4,15 @@
 //! request takes one of its loop's (else another loop's, else dials a new
 //! one), and its response body gives it back to the loop that opened it once
 //! read to the end, unless the connection has carried
-//! `max_requests_per_connection` requests. Idle connections older than the
-//! idle timeout are closed by [`ConnPool::sweep`] and skipped at checkout.
+//! `max_requests_per_connection` requests or lived past the maximum
+//! duration. Idle connections older than the idle timeout or the maximum
+//! duration are closed by [`ConnPool::sweep`] and skipped at checkout.
 //! Each stack's lock guards only a push or a pop, never an await, and with a
 //! stack per loop (on its own cache line) the loops do not contend for it.
 //!
 //! Our own pool rather than hyper-util's: Istio's `connectionPool` fields
-//! (`tcp.connectTimeout`, `http.idleTimeout`, `http.maxRequestsPerConnection`)
+//! (`tcp.connectTimeout`, `tcp.maxConnectionDuration`, `http.idleTimeout`,
+//! `http.maxRequestsPerConnection`)
 //! are per cluster, and the open-connection count per endpoint is a metric
 //! users compare balancers by.
 
@@ -53,6 +55,10 @@ pub struct PoolSettings {
     /// Requests a connection carries before it is closed; 0 is unlimited
     /// (`http.maxRequestsPerConnection`; 1 disables keep-alive).
     pub max_requests_per_connection: u32,
+    /// Milliseconds a connection lives at most; 0 is unlimited
+    /// (`tcp.maxConnectionDuration`). An older one is closed when its
+    /// request is done, as Envoy drains an HTTP/1.1 connection.
+    pub max_connection_ms: u64,
 }
 
 /// Why a request could not be sent.
@@ -104,10 +110,21 @@ fn event_loop() -> u16 {
 struct Idle {
     conn: Conn,
     uses: u32,
+    /// When it was opened ([`crate::clock::now_ms`]).
+    born_ms: u64,
     /// When it went idle ([`crate::clock::now_ms`]: the request path keeps
     /// that clock fresh, and idle timeouts are seconds, so no clock call).
     since_ms: u64,
     owner: u16,
+}
+
+impl Idle {
+    /// True when the connection has been idle too long or lived too long.
+    fn expired(&self, now_ms: u64, settings: &PoolSettings) -> bool {
+        now_ms.saturating_sub(self.since_ms) > settings.idle_timeout.as_millis() as u64
+            || (settings.max_connection_ms > 0
+                && now_ms.saturating_sub(self.born_ms) > settings.max_connection_ms)
+    }
 }
 
 /// One event loop's idle connections to an endpoint, on a cache line of its
@@ -150,6 +167,8 @@ pub struct Lease {
     pub(crate) conn: Conn,
     uses: u32,
     max_uses: u32,
+    born_ms: u64,
+    max_age_ms: u64,
     owner: u16,
 }
 
@@ -161,18 +180,17 @@ impl ConnPool {
         }
     }
 
-    fn take(&self, idle_timeout: Duration) -> Option<(Conn, u32, u16)> {
+    fn take(&self, settings: &PoolSettings) -> Option<Idle> {
         let now = crate::clock::now_ms();
-        let idle_ms = idle_timeout.as_millis() as u64;
         let n = self.idle.len();
         let here = event_loop() as usize % n;
         loop {
             // The most recent idle connection of this loop, else another's.
             let idle = (0..n).find_map(|k| self.idle[(here + k) % n].lock().pop())?;
-            if idle.conn.is_closed() || now.saturating_sub(idle.since_ms) > idle_ms {
+            if idle.conn.is_closed() || idle.expired(now, settings) {
                 continue; // dropping it closes the connection
             }
-            return Some((idle.conn, idle.uses, idle.owner));
+            return Some(idle);
         }
     }
 
@@ -181,26 +199,31 @@ impl ConnPool {
         if lease.max_uses > 0 && lease.uses >= lease.max_uses {
             return;
         }
+        let now = crate::clock::now_ms();
+        if lease.max_age_ms > 0 && now.saturating_sub(lease.born_ms) > lease.max_age_ms {
+            return;
+        }
         let n = self.idle.len();
         let mut idle = self.idle[lease.owner as usize % n].lock();
         if idle.len() < (MAX_IDLE_PER_ENDPOINT / n).max(1) {
             idle.push(Idle {
                 conn: lease.conn,
                 uses: lease.uses,
-                since_ms: crate::clock::now_ms(),
+                born_ms: lease.born_ms,
+                since_ms: now,
                 owner: lease.owner,
             });
         }
     }
 
-    /// Closes idle connections older than `idle_timeout` (or already closed).
-    pub fn sweep(&self, idle_timeout: Duration) {
+    /// Closes idle connections idle for longer than the idle timeout, older
+    /// than the maximum duration, or already closed.
+    pub fn sweep(&self, settings: &PoolSettings) {
         let now = crate::clock::tick();
-        let idle_ms = idle_timeout.as_millis() as u64;
         for stack in self.idle.iter() {
             stack
                 .lock()
-                .retain(|c| !c.conn.is_closed() && now.saturating_sub(c.since_ms) <= idle_ms);
+                .retain(|c| !c.conn.is_closed() && !c.expired(now, settings));
         }
     }
 
@@ -222,13 +245,14 @@ impl ConnPool {
         settings: &PoolSettings,
         out: &mut h1::Outgoing,
     ) -> Result<Response<h1::ResponseBody>, UpstreamError> {
-        let (mut conn, mut uses, mut owner, mut reused) = match self.take(settings.idle_timeout) {
-            Some((conn, uses, owner)) => (conn, uses, owner, true),
+        let (mut conn, mut uses, mut born_ms, mut owner, mut reused) = match self.take(settings) {
+            Some(idle) => (idle.conn, idle.uses, idle.born_ms, idle.owner, true),
             // Boxed: dialing is rare with keep-alive, and the dial's
             // state would otherwise widen every request's future.
             None => (
                 Box::pin(self.connect(addr, settings.connect_timeout)).await?,
                 0,
+                crate::clock::now_ms(),
                 event_loop(),
                 false,
             ),
@@ -240,6 +264,8 @@ impl ConnPool {
                         conn,
                         uses: uses + 1,
                         max_uses: settings.max_requests_per_connection,
+                        born_ms,
+                        max_age_ms: settings.max_connection_ms,
                         owner,
                     };
                     return Ok(head.map(|()| h1::ResponseBody::new(decoder, lease)));
@@ -252,7 +278,8 @@ impl ConnPool {
                 {
                     debug!(%addr, error = %e, "pooled connection closed; resending on a new one");
                     conn = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
-                    (uses, owner, reused) = (0, event_loop(), false);
+                    (uses, born_ms, owner, reused) =
+                        (0, crate::clock::now_ms(), event_loop(), false);
                 }
                 Err(e) => return Err(UpstreamError::Request(e)),
             }
@@ -279,7 +306,7 @@ pub async fn sweep_forever(routing: Arc<arc_swap::ArcSwap<crate::routing::Routin
         let routing = routing.load();
         for c in routing.clusters.values() {
             for e in c.balancer.endpoints() {
-                e.pool.sweep(c.pool.idle_timeout);
+                e.pool.sweep(&c.pool);
             }
         }
     }
@@ -344,6 +371,7 @@ mod tests {
         connect_timeout: Duration::from_secs(1),
         idle_timeout: DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
+        max_connection_ms: 0,
     };
 
     #[tokio::test]
@@ -415,13 +443,47 @@ mod tests {
         roundtrip(&pool, addr, &s).await;
         assert_eq!(pool.idle_count(), 1);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        pool.sweep(s.idle_timeout);
+        pool.sweep(&s);
         assert_eq!(pool.idle_count(), 0);
         roundtrip(&pool, addr, &s).await;
         assert_eq!(conns.load(Ordering::Relaxed), 2);
         // The swept connection's task ends and the open count follows.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(pool.open.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn connections_older_than_the_maximum_duration_are_not_reused() {
+        use http_body_util::BodyExt;
+        let (addr, conns) = server(false).await;
+        let pool = ConnPool::default();
+        let s = PoolSettings {
+            max_connection_ms: 100,
+            ..SETTINGS
+        };
+        crate::clock::tick();
+        roundtrip(&pool, addr, &s).await;
+        roundtrip(&pool, addr, &s).await;
+        assert_eq!(conns.load(Ordering::Relaxed), 1, "young: reused");
+        // Idle past the limit: skipped at checkout, and swept.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        crate::clock::tick();
+        roundtrip(&pool, addr, &s).await;
+        assert_eq!(conns.load(Ordering::Relaxed), 2, "old: a new one");
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pool.sweep(&s);
+        assert_eq!(pool.idle_count(), 0, "swept");
+        // Past the limit while busy: closed once its request is done.
+        crate::clock::tick();
+        let resp = pool.send(addr, &s, &mut get(addr)).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        crate::clock::tick();
+        let mut body = resp.into_body();
+        while body.frame().await.transpose().expect("body").is_some() {}
+        pool.put(body.take_reusable().expect("reusable"));
+        assert_eq!(pool.idle_count(), 0, "not given back");
+        assert_eq!(conns.load(Ordering::Relaxed), 3);
     }
 
     /// A server that answers each request with `response`, one byte per

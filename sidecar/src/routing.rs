@@ -277,6 +277,7 @@ impl Resources {
                             ms => Duration::from_millis(ms),
                         },
                         max_requests_per_connection: c.max_requests_per_connection,
+                        max_connection_ms: c.max_connection_duration_ms,
                     },
                     budget: {
                         let b = self.budgets.entry(name.clone()).or_insert_with(|| {

@@ -118,6 +118,48 @@ async fn keep_alive_max_requests_per_connection_and_idle_timeout() {
     assert_eq!(reused.open.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connection_duration_retires_old_connections() {
+    let net = Net::new(18);
+    let reused = CountingServer::start(net.addr(1, 9090)).await;
+    let aged = CountingServer::start(net.addr(2, 9090)).await;
+    net.service("reused", &[1]);
+    net.service("aged", &[2]);
+    net.write(
+        "aged-rule.yaml",
+        &rule(
+            "aged",
+            "connectionPool:\n  tcp: {maxConnectionDuration: 250ms}",
+        ),
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let mut conn = Conn::open(net.addr(100, 15001)).await.expect("connect");
+    // 1.2 s of requests, 100 ms apart: a connection serves at most 250 ms.
+    for _ in 0..12 {
+        for host in ["reused", "aged"] {
+            let (status, _, body) = conn.get(host, "/").await.expect("response");
+            assert_eq!((status, body.as_str()), (200, "ok"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(reused.accepted.load(Ordering::SeqCst), 1);
+    let n = aged.accepted.load(Ordering::SeqCst);
+    assert!(
+        (4..=7).contains(&n),
+        "{n} connections for 1.2 s at 250 ms each"
+    );
+    // Retired connections are closed, not left open.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while aged.open.load(Ordering::SeqCst) > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "old connections left open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A listener whose accept queue is full: connects to it hang, as to a
 /// host that drops SYNs.
 async fn hung_listener(addr: SocketAddr) -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {

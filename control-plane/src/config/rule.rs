@@ -238,6 +238,16 @@ pub struct OutlierDetection {
     /// Panic threshold: below this percent of available endpoints, ejections are ignored (default 0).
     #[serde(default)]
     pub min_health_percent: Option<u32>,
+    /// Istio's deprecated form: read as `consecutiveGatewayErrors` with
+    /// `consecutive5xxErrors: 0`, as Istio does, unless either is set.
+    #[serde(default)]
+    pub consecutive_errors: Option<u32>,
+    /// Accepted, not enforced: local-origin failures count with the others.
+    #[serde(default)]
+    pub split_external_local_origin_errors: Option<bool>,
+    /// Accepted, not enforced (see `splitExternalLocalOriginErrors`).
+    #[serde(default)]
+    pub consecutive_local_origin_failures: Option<u32>,
 }
 
 /// Outlier detection as resolved.
@@ -281,6 +291,14 @@ pub struct TcpPool {
     #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub tcp_keepalive: Option<serde_json::Value>,
+    /// Upstream connections older than this are closed once their request
+    /// is done, and never reused (default: no limit).
+    #[serde(default)]
+    pub max_connection_duration: Option<String>,
+    /// Istio's idle timeout of proxied TCP streams (accepted, not enforced:
+    /// minimesh proxies HTTP, where `http.idleTimeout` applies).
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
 }
 
 /// `connectionPool.http`.
@@ -574,6 +592,8 @@ pub struct Resolved {
     pub max_requests_per_connection: u32,
     /// Retries in flight per sidecar at most (0 = unlimited).
     pub max_retries: u32,
+    /// Upstream connection lifetime at most.
+    pub max_connection_duration: Option<Duration>,
     /// Settings of the ports named in `portLevelSettings`, each with the
     /// port's sections merged over the destination's (their own `ports` is
     /// empty).
@@ -700,6 +720,7 @@ impl Default for Resolved {
             idle_timeout: None,
             max_requests_per_connection: 0,
             max_retries: 0,
+            max_connection_duration: None,
             retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
             health_check: None,
             ports: BTreeMap::new(),
@@ -740,9 +761,41 @@ fn resolve(
                 ));
             }
         }
+        let (mut consecutive_5xx, mut consecutive_gateway) = (
+            od.consecutive_5xx_errors.unwrap_or(5),
+            od.consecutive_gateway_errors.unwrap_or(0),
+        );
+        if let Some(n) = od.consecutive_errors {
+            if od.consecutive_5xx_errors.is_some() || od.consecutive_gateway_errors.is_some() {
+                warnings.push(format!(
+                    "{od_at}.consecutiveErrors: deprecated, and ignored because consecutive5xxErrors or consecutiveGatewayErrors is set"
+                ));
+            } else {
+                (consecutive_5xx, consecutive_gateway) = (0, n);
+                warnings.push(format!(
+                    "{od_at}.consecutiveErrors: deprecated; read as consecutiveGatewayErrors: {n} with consecutive5xxErrors: 0, as Istio does"
+                ));
+            }
+        }
+        for (set, field) in [
+            (
+                od.split_external_local_origin_errors.is_some(),
+                "splitExternalLocalOriginErrors",
+            ),
+            (
+                od.consecutive_local_origin_failures.is_some(),
+                "consecutiveLocalOriginFailures",
+            ),
+        ] {
+            if set {
+                warnings.push(format!(
+                    "{od_at}.{field}: accepted but not enforced; failed connections count as gateway errors and reset or timed-out requests as neither"
+                ));
+            }
+        }
         resolved.outlier = Some(Outlier {
-            consecutive_5xx: od.consecutive_5xx_errors.unwrap_or(5),
-            consecutive_gateway: od.consecutive_gateway_errors.unwrap_or(0),
+            consecutive_5xx,
+            consecutive_gateway,
             base_ejection,
             max_ejection_percent: od.max_ejection_percent.unwrap_or(10),
             min_health_percent: od.min_health_percent.unwrap_or(0),
@@ -837,6 +890,21 @@ fn resolve(
             cp.http.as_ref().and_then(|h| h.idle_timeout.as_ref()),
             "http.idleTimeout",
         )?;
+        resolved.max_connection_duration = dur(
+            cp.tcp
+                .as_ref()
+                .and_then(|t| t.max_connection_duration.as_ref()),
+            "tcp.maxConnectionDuration",
+        )?;
+        if let Some(t) = cp.tcp.as_ref().and_then(|t| t.idle_timeout.as_ref()) {
+            // Istio allows 0s (no timeout) here; only the shape is checked.
+            if t != "0s" {
+                dur(Some(t), "tcp.idleTimeout")?;
+            }
+            warnings.push(format!(
+                "{cp_at}.tcp.idleTimeout: accepted but not enforced (it applies to proxied TCP streams; minimesh proxies HTTP, where http.idleTimeout closes idle upstream connections)"
+            ));
+        }
         if let Some(h) = &cp.http {
             resolved.max_requests_per_connection = h.max_requests_per_connection.unwrap_or(0);
             if h.max_retries == Some(0) {
@@ -1323,6 +1391,38 @@ mod tests {
                 "spec.trafficPolicy.portLevelSettings[1].port.number",
                 "port 80 is set by an earlier entry too"
             )
+        );
+    }
+
+    #[test]
+    fn istio_connection_lifetime_and_outlier_fields_are_read_or_reported() {
+        let (r, warnings) = with_policy(
+            "{connectionPool: {tcp: {maxConnectionDuration: 30s, idleTimeout: 0s}},
+              outlierDetection: {consecutiveErrors: 3, splitExternalLocalOriginErrors: true}}",
+        )
+        .expect("valid");
+        assert_eq!(r.max_connection_duration, Some(Duration::from_secs(30)));
+        let od = r.outlier.expect("outlier detection");
+        assert_eq!((od.consecutive_5xx, od.consecutive_gateway), (0, 3));
+        assert_eq!(
+            warnings,
+            vec![
+                "spec.trafficPolicy.outlierDetection.consecutiveErrors: deprecated; read as consecutiveGatewayErrors: 3 with consecutive5xxErrors: 0, as Istio does".to_string(),
+                "spec.trafficPolicy.outlierDetection.splitExternalLocalOriginErrors: accepted but not enforced; failed connections count as gateway errors and reset or timed-out requests as neither".to_string(),
+                "spec.trafficPolicy.connectionPool.tcp.idleTimeout: accepted but not enforced (it applies to proxied TCP streams; minimesh proxies HTTP, where http.idleTimeout closes idle upstream connections)".to_string(),
+            ]
+        );
+        // The current fields win over the deprecated one.
+        let (r, _) =
+            with_policy("{outlierDetection: {consecutiveErrors: 3, consecutive5xxErrors: 7}}")
+                .expect("valid");
+        let od = r.outlier.expect("outlier detection");
+        assert_eq!((od.consecutive_5xx, od.consecutive_gateway), (7, 0));
+        assert_eq!(
+            with_policy("{connectionPool: {tcp: {maxConnectionDuration: 0s}}}")
+                .map(|_| ())
+                .map_err(|e| e.field),
+            Err("spec.trafficPolicy.connectionPool.tcp.maxConnectionDuration".to_string())
         );
     }
 
