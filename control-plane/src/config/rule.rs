@@ -36,6 +36,9 @@ pub const MAX_MAGLEV_TABLE_SIZE: u64 = 5_000_011;
 /// for its EDF scheduler precision; we allow more, bounded).
 pub const MAX_WEIGHT: u32 = 1_000_000;
 
+/// Most `portLevelSettings` entries in a rule, as Istio's schema allows.
+pub const MAX_PORT_LEVEL_SETTINGS: usize = 4096;
+
 /// A DestinationRule document.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -122,7 +125,17 @@ pub struct TrafficPolicy {
     /// here replaces the destination-level one as a whole (nothing inside it
     /// is inherited); the rest of the policy applies as is.
     #[serde(default)]
+    #[schemars(length(max = 4096))]
     pub port_level_settings: Vec<PortTrafficPolicy>,
+    /// Istio's tunnelling of TCP routes (accepted, not enforced: minimesh
+    /// proxies HTTP; warning).
+    #[serde(default)]
+    #[schemars(schema_with = "any_object")]
+    pub tunnel: Option<serde_json::Value>,
+    /// Istio's upstream PROXY protocol (accepted, not sent; warning).
+    #[serde(default)]
+    #[schemars(schema_with = "any_object")]
+    pub proxy_protocol: Option<serde_json::Value>,
     /// minimesh extension: active HTTP health checks.
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
@@ -649,6 +662,15 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     };
     const TP: &str = "spec.trafficPolicy";
     let mut resolved = resolve(tp, TP, &mut warnings)?;
+    if tp.port_level_settings.len() > MAX_PORT_LEVEL_SETTINGS {
+        return Err(FieldError::new(
+            format!("{TP}.portLevelSettings"),
+            format!(
+                "{} entries; at most {MAX_PORT_LEVEL_SETTINGS}",
+                tp.port_level_settings.len()
+            ),
+        ));
+    }
     let mut ports = BTreeMap::new();
     for (i, p) in tp.port_level_settings.iter().enumerate() {
         let at = format!("{TP}.portLevelSettings[{i}]");
@@ -898,7 +920,7 @@ fn resolve(
         )?;
         if let Some(t) = cp.tcp.as_ref().and_then(|t| t.idle_timeout.as_ref()) {
             // Istio allows 0s (no timeout) here; only the shape is checked.
-            if t != "0s" {
+            if !is_zero_duration(t) {
                 dur(Some(t), "tcp.idleTimeout")?;
             }
             warnings.push(format!(
@@ -948,10 +970,22 @@ fn resolve(
             ));
         }
     }
-    if tp.tls.is_some() {
-        warnings.push(format!(
-            "{at}.tls: accepted but not enforced (minimesh does not originate TLS)"
-        ));
+    for (set, field, why) in [
+        (tp.tls.is_some(), "tls", "minimesh does not originate TLS"),
+        (
+            tp.tunnel.is_some(),
+            "tunnel",
+            "it applies to TCP routes; minimesh proxies HTTP",
+        ),
+        (
+            tp.proxy_protocol.is_some(),
+            "proxyProtocol",
+            "minimesh does not send the PROXY protocol",
+        ),
+    ] {
+        if set {
+            warnings.push(format!("{at}.{field}: accepted but not enforced ({why})"));
+        }
     }
     if let Some(t) = &tp.timeout {
         resolved.timeout =
@@ -1132,7 +1166,8 @@ fn validate_hash(
                 "must not be empty",
             ));
         }
-        if let Some(ttl) = &c.ttl {
+        // Istio: a zero TTL makes a session cookie.
+        if let Some(ttl) = c.ttl.as_deref().filter(|t| !is_zero_duration(t)) {
             parse_duration(ttl)
                 .map_err(|r| FieldError::new(format!("{ch_at}.httpCookie.ttl"), r))?;
         }
@@ -1175,6 +1210,11 @@ fn validate_hash(
         }
     }
     Ok(())
+}
+
+/// `0s`, `0ms`, `0m` or `0h`: where Istio gives a zero duration a meaning.
+fn is_zero_duration(t: &str) -> bool {
+    matches!(t.trim(), "0s" | "0ms" | "0m" | "0h")
 }
 
 fn is_prime(n: u64) -> bool {
@@ -1339,6 +1379,108 @@ mod tests {
         assert_eq!(
             warnings,
             vec!["spec.trafficPolicy.portLevelSettings[1].tls: accepted but not enforced (minimesh does not originate TLS)".to_string()]
+        );
+    }
+
+    /// Every field of Istio's DestinationRule (networking.istio.io/v1) in
+    /// one rule: an Istio user's YAML is accepted as is, each field either
+    /// read or reported.
+    #[test]
+    fn every_istio_field_is_accepted() {
+        let spec: RuleSpec = serde_json::from_value(
+            serde_saphyr::from_str::<serde_json::Value>(
+                r#"
+host: reviews.prod.svc.cluster.local
+exportTo: ["*"]
+workloadSelector: {matchLabels: {app: reviews}}
+trafficPolicy:
+  loadBalancer:
+    simple: LEAST_REQUEST
+    localityLbSetting:
+      enabled: true
+      distribute: [{from: "us-west/zone1/*", to: {"us-west/zone1/*": 80, "us-west/zone2/*": 20}}]
+    warmup: {duration: 60s, minimumPercent: 10, aggression: 1.5}
+  connectionPool:
+    tcp:
+      maxConnections: 100
+      connectTimeout: 30ms
+      tcpKeepalive: {probes: 3, time: 7200s, interval: 75s}
+      maxConnectionDuration: 10m
+      idleTimeout: 1h
+    http:
+      http1MaxPendingRequests: 64
+      http2MaxRequests: 1000
+      maxRequestsPerConnection: 10
+      maxRetries: 3
+      idleTimeout: 30s
+      h2UpgradePolicy: DO_NOT_UPGRADE
+      useClientProtocol: false
+      maxConcurrentStreams: 100
+  outlierDetection:
+    splitExternalLocalOriginErrors: false
+    consecutiveLocalOriginFailures: 5
+    consecutiveGatewayErrors: 3
+    consecutive5xxErrors: 7
+    interval: 5m
+    baseEjectionTime: 15m
+    maxEjectionPercent: 50
+    minHealthPercent: 0
+  tls:
+    mode: MUTUAL
+    clientCertificate: /etc/certs/cert.pem
+    privateKey: /etc/certs/key.pem
+    caCertificates: /etc/certs/ca.pem
+    credentialName: reviews-creds
+    subjectAltNames: [reviews.example.com]
+    sni: reviews.example.com
+    insecureSkipVerify: false
+    caCrl: /etc/certs/crl.pem
+  portLevelSettings:
+  - port: {number: 9080}
+    loadBalancer:
+      consistentHash:
+        httpCookie: {name: user, path: /, ttl: 0s}
+        ringHash: {minimumRingSize: 2048}
+    connectionPool: {tcp: {maxConnections: 10}}
+    outlierDetection: {consecutive5xxErrors: 2}
+    tls: {mode: ISTIO_MUTUAL}
+  tunnel: {protocol: CONNECT, targetHost: egress.example.com, targetPort: 8443}
+  proxyProtocol: {version: V2}
+subsets:
+- name: v1
+  labels: {version: v1}
+  trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}
+"#,
+            )
+            .expect("yaml"),
+        )
+        .expect("every Istio field has a place");
+        let (r, warnings) = validate(&spec).expect("valid");
+        assert_eq!(r.policy, Policy::LeastRequest);
+        assert_eq!(r.for_port(9080).policy, Policy::RingHash);
+        let fields: Vec<&str> = warnings
+            .iter()
+            .map(|w| w.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.subsets",
+                "spec.workloadSelector",
+                "spec.trafficPolicy.outlierDetection.splitExternalLocalOriginErrors",
+                "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures",
+                "spec.trafficPolicy.connectionPool.tcp.idleTimeout",
+                "spec.trafficPolicy.connectionPool.tcp.tcpKeepalive",
+                "spec.trafficPolicy.connectionPool.http.h2UpgradePolicy",
+                "spec.trafficPolicy.connectionPool.http.useClientProtocol",
+                "spec.trafficPolicy.connectionPool.http.maxConcurrentStreams",
+                "spec.trafficPolicy.tls",
+                "spec.trafficPolicy.tunnel",
+                "spec.trafficPolicy.proxyProtocol",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting",
+                "spec.trafficPolicy.portLevelSettings[0].tls",
+            ],
+            "{warnings:#?}"
         );
     }
 
