@@ -1534,6 +1534,16 @@ subsets:
                 "port 80 is set by an earlier entry too"
             )
         );
+        let many: Vec<String> = (1..=4097)
+            .map(|n| format!("{{port: {{number: {n}}}}}"))
+            .collect();
+        assert_eq!(
+            err(&format!("{{portLevelSettings: [{}]}}", many.join(", "))),
+            FieldError::new(
+                "spec.trafficPolicy.portLevelSettings",
+                "4097 entries; at most 4096"
+            )
+        );
     }
 
     #[test]
