@@ -176,6 +176,7 @@ pub fn translate(
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
                 cluster.max_requests = res.max_requests;
                 cluster.idle_timeout_ms = res.idle_timeout.map_or(0, |d| d.as_millis() as u64);
+                cluster.zone_failover = res.zone_failover();
                 cluster.max_connection_duration_ms = res
                     .max_connection_duration
                     .map_or(0, |d| d.as_millis() as u64);

@@ -1,5 +1,6 @@
 //! Pick cost per policy at 4, 100 and 10,000 endpoints, equal and unequal
-//! weights, one thread. `cargo bench -p minimesh-sidecar --bench pick`.
+//! weights, and with zone failover (half the endpoints in the caller's
+//! zone), one thread. `cargo bench -p minimesh-sidecar --bench pick`.
 //! Prints nanoseconds per pick (best of 5 runs of 2M picks).
 
 use std::hint::black_box;
@@ -67,6 +68,22 @@ fn main() {
                     ns_per_pick(&b)
                 );
             }
+        }
+    }
+    // Zone failover: half the endpoints in the caller's zone, all healthy.
+    for policy in [Policy::RoundRobin, Policy::LeastRequest, Policy::Maglev] {
+        for n in [4, 100] {
+            let flat = balancer(policy, n, false);
+            let eps: Vec<_> = flat.endpoints().iter().map(|e| (e.clone(), 1)).collect();
+            let in_zone: Vec<bool> = (0..n).map(|i| i % 2 == 0).collect();
+            let b = Balancer::zoned(policy, 0, eps, &in_zone, None);
+            println!(
+                "{:<14} {:>9} {:>10} {:>12.1}",
+                policy.as_str(),
+                n,
+                "zoned",
+                ns_per_pick(&b)
+            );
         }
     }
     let build = Instant::now();

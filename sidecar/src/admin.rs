@@ -116,6 +116,10 @@ fn config(admin: &Admin) -> serde_json::Value {
                     "policy": c.balancer.policy().as_str(),
                     "rule": c.rule,
                     "endpoints": eps,
+                    // With zone failover: the endpoints of this sidecar's zone.
+                    "local_zone_endpoints": c.balancer.local_endpoints().map(|l| {
+                        l.iter().map(|e| e.addr.to_string()).collect::<Vec<_>>()
+                    }),
                     "retries": c.budget.retried.load(Ordering::Relaxed),
                     "retry_budget_exhausted": c.budget.exhausted.load(Ordering::Relaxed),
                 }),
@@ -124,7 +128,7 @@ fn config(admin: &Admin) -> serde_json::Value {
         .collect();
     let mut hosts: Vec<&String> = routing.hosts.keys().collect();
     hosts.sort();
-    json!({"node": admin.node_id, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
+    json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
 }
 
 fn metrics(admin: &Admin) -> String {

@@ -12,6 +12,7 @@ pub mod round_robin;
 pub mod weighted;
 pub mod xxhash;
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use minimesh_proto::v1::LbPolicy;
@@ -96,6 +97,61 @@ pub struct Balancer {
     picker: Picker,
     policy: Policy,
     warmup: Option<Warmup>,
+    zones: Option<Box<Zones>>,
+}
+
+/// Shares in [`Zones`] are out of this.
+const SHARE_SCALE: u32 = 1 << 16;
+
+/// How often the local zone's share is recomputed from its endpoints'
+/// health, at most.
+const SHARE_REFRESH_MS: u64 = 20;
+
+/// Zone failover (Envoy's priority levels with Istio's locality ordering,
+/// one level): the caller's zone takes min(1, 1.4 × its healthy fraction)
+/// of requests, as Envoy's overprovisioning factor, and the other zones the
+/// rest. While all local endpoints are healthy no request leaves the zone;
+/// as they fail, traffic moves out in proportion.
+struct Zones {
+    local: Balancer,
+    remote: Balancer,
+    /// Out of [`SHARE_SCALE`].
+    local_share: AtomicU32,
+    /// When `local_share` was computed ([`crate::clock::now_ms`]).
+    computed_ms: AtomicU64,
+}
+
+impl Zones {
+    #[inline]
+    fn share(&self) -> u32 {
+        let now = crate::clock::now_ms();
+        if now.saturating_sub(self.computed_ms.load(Ordering::Relaxed)) < SHARE_REFRESH_MS {
+            return self.local_share.load(Ordering::Relaxed);
+        }
+        let eps = &self.local.endpoints;
+        let healthy = eps.iter().filter(|e| !e.is_failing()).count() as u64;
+        let share = (healthy * 140 * SHARE_SCALE as u64 / (eps.len().max(1) as u64 * 100))
+            .min(SHARE_SCALE as u64) as u32;
+        self.local_share.store(share, Ordering::Relaxed);
+        self.computed_ms.store(now, Ordering::Relaxed);
+        share
+    }
+
+    /// A healthy endpoint of the zone the share sends this request to, or
+    /// None (then the whole cluster is picked from).
+    #[inline]
+    fn pick(
+        &self,
+        hash: Option<u64>,
+        avoid: Option<&Arc<EndpointState>>,
+    ) -> Option<&Arc<EndpointState>> {
+        let share = self.share();
+        let local =
+            share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share);
+        let side = if local { &self.local } else { &self.remote };
+        side.pick(hash, avoid)
+            .filter(|e| !e.is_failing() && !avoid.is_some_and(|a| Arc::ptr_eq(a, e)))
+    }
 }
 
 impl Balancer {
@@ -132,7 +188,51 @@ impl Balancer {
             picker,
             policy,
             warmup: None,
+            zones: None,
         }
+    }
+
+    /// A balancer with zone failover: `policy` over the endpoints with
+    /// `in_zone` set (the caller's zone) and over the others. Picks fall
+    /// back to weighted random over all endpoints only when the zone a
+    /// request was sent to has no healthy endpoint, so no third hash table
+    /// is built for that. Without endpoints on both sides it is
+    /// [`Balancer::new`].
+    pub fn zoned(
+        policy: Policy,
+        table_size: u64,
+        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        in_zone: &[bool],
+        warmup: Option<Warmup>,
+    ) -> Balancer {
+        let local_count = in_zone.iter().filter(|l| **l).count();
+        if local_count == 0 || local_count == endpoints.len() || in_zone.len() != endpoints.len() {
+            return Balancer::new(policy, table_size, endpoints).with_warmup(warmup);
+        }
+        let (local, remote): (Vec<_>, Vec<_>) = endpoints
+            .iter()
+            .cloned()
+            .zip(in_zone)
+            .partition(|(_, local)| **local);
+        let side = |v: Vec<((Arc<EndpointState>, u32), &bool)>| {
+            Balancer::new(policy, table_size, v.into_iter().map(|(e, _)| e).collect())
+                .with_warmup(warmup)
+        };
+        let zones = Zones {
+            local: side(local),
+            remote: side(remote),
+            local_share: AtomicU32::new(SHARE_SCALE),
+            computed_ms: AtomicU64::new(crate::clock::now_ms()),
+        };
+        let mut all = Balancer::new(Policy::Random, 0, endpoints).with_warmup(warmup);
+        all.policy = policy;
+        all.zones = Some(Box::new(zones));
+        all
+    }
+
+    /// The endpoints of the caller's zone, when zone failover is on.
+    pub fn local_endpoints(&self) -> Option<&[Arc<EndpointState>]> {
+        self.zones.as_ref().map(|z| z.local.endpoints.as_slice())
     }
 
     /// Enables slow start for newly joined endpoints.
@@ -168,7 +268,7 @@ impl Balancer {
 
     /// True when picks need the request's hash key.
     pub fn needs_hash(&self) -> bool {
-        matches!(self.picker, Picker::RingHash(_) | Picker::Maglev(_))
+        matches!(self.policy, Policy::RingHash | Policy::Maglev)
     }
 
     /// Picks an endpoint, skipping ones that are backing off after a connect
@@ -182,6 +282,11 @@ impl Balancer {
         hash: Option<u64>,
         avoid: Option<&Arc<EndpointState>>,
     ) -> Option<&Arc<EndpointState>> {
+        if let Some(z) = &self.zones {
+            if let Some(e) = z.pick(hash, avoid) {
+                return Some(e);
+            }
+        }
         let n = self.endpoints.len();
         if n == 0 {
             return None;
@@ -241,6 +346,7 @@ impl Balancer {
 mod tests {
     use super::*;
     use std::net::SocketAddr;
+    use std::time::Duration;
 
     fn eps(n: u8) -> Vec<(Arc<EndpointState>, u32)> {
         (1..=n)
@@ -298,6 +404,73 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
+        use std::collections::HashMap;
+        use std::sync::atomic::Ordering::Relaxed;
+        let all = eps(4);
+        let in_zone = [true, true, false, false];
+        let b = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &in_zone, None);
+        assert_eq!(b.local_endpoints().map(<[_]>::len), Some(2));
+        let count = |b: &Balancer, avoid: Option<&Arc<EndpointState>>| {
+            let mut n: HashMap<SocketAddr, u32> = HashMap::new();
+            for _ in 0..10_000 {
+                *n.entry(b.pick(None, avoid).expect("endpoint").addr)
+                    .or_default() += 1;
+            }
+            let get = |i: usize| n.get(&all[i].0.addr).copied().unwrap_or(0);
+            [get(0), get(1), get(2), get(3)]
+        };
+        let settle = || {
+            std::thread::sleep(Duration::from_millis(SHARE_REFRESH_MS + 5));
+            crate::clock::tick();
+        };
+        // All healthy: the zone takes everything, round robin within it.
+        assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
+        // A retry avoiding one local endpoint goes to the other.
+        assert_eq!(count(&b, Some(&all[0].0)), [0, 10_000, 0, 0]);
+        // Half the zone ejected: it keeps 1.4 x 0.5 = 70%, the rest spills.
+        let far = crate::clock::now_ms() + 1_000_000;
+        all[0].0.ejected_until_ms.store(far, Relaxed);
+        settle();
+        let [a, l, r1, r2] = count(&b, None);
+        assert_eq!(a, 0, "an ejected endpoint takes nothing");
+        assert!(
+            (6700..=7300).contains(&l),
+            "{l} of 10000 stayed in the zone"
+        );
+        assert_eq!(l + r1 + r2, 10_000);
+        assert!(
+            r1.abs_diff(r2) <= 1,
+            "round robin over the other zone: {r1} {r2}"
+        );
+        // A retry off the last local endpoint leaves the zone.
+        let [_, l, ..] = count(&b, Some(&all[1].0));
+        assert_eq!(l, 0);
+        // The whole zone ejected: everything goes to the other zone.
+        all[1].0.ejected_until_ms.store(far, Relaxed);
+        settle();
+        assert_eq!(count(&b, None), [0, 0, 5000, 5000]);
+        // Recovered: back home.
+        all[0].0.ejected_until_ms.store(0, Relaxed);
+        all[1].0.ejected_until_ms.store(0, Relaxed);
+        settle();
+        assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
+        // No endpoint in the caller's zone, or all of them: no split.
+        let none = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &[false; 4], None);
+        assert!(none.local_endpoints().is_none());
+        let hash = Balancer::zoned(Policy::Maglev, 0, all.clone(), &in_zone, None);
+        assert!(hash.needs_hash());
+        let owners: std::collections::HashSet<_> = (0..1000u64)
+            .map(|k| {
+                hash.pick(Some(xxhash::xxh64(&k.to_le_bytes(), 0)), None)
+                    .expect("endpoint")
+                    .addr
+            })
+            .collect();
+        assert_eq!(owners, [all[0].0.addr, all[1].0.addr].into_iter().collect());
     }
 
     #[test]

@@ -61,7 +61,12 @@ pub struct Args {
     /// Namespace; short service names (`simple-backend`) resolve in it.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub namespace: String,
-    /// Zone, reported to the control plane.
+    /// Zone of this workload (Kubernetes: its node's
+    /// `topology.kubernetes.io/zone`), reported to the control plane. With
+    /// it, clusters whose rule has outlier detection or health checks
+    /// prefer endpoints of the same zone (the EndpointSlice's `zone`) and
+    /// fail over to the others as those fail, as Istio's locality load
+    /// balancing; empty turns that off.
     #[arg(long, env = "MINIMESH_ZONE", default_value = "")]
     pub zone: String,
     /// Outbound listener (the app's HTTP_PROXY, or the gateway's public address).

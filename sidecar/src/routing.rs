@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Route};
+use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Node, Route};
 
 use crate::balance::{Balancer, Policy};
 use crate::endpoint::EndpointState;
@@ -95,6 +95,8 @@ pub struct Routing {
     pub clusters: BTreeMap<String, Arc<ClusterHandle>>,
     /// Cluster for authorities that match nothing (gateway catch-all).
     pub fallback: Option<Arc<ClusterHandle>>,
+    /// The zone zone failover prefers (empty: unknown, no preference).
+    pub zone: String,
 }
 
 impl Routing {
@@ -181,14 +183,37 @@ pub fn validate_endpoints(cla: &ClusterLoadAssignment) -> Result<(), String> {
 }
 
 impl Resources {
-    /// Builds the routing table for a proxy in `namespace`; `defaults` are
-    /// the connection settings of clusters whose rule sets none.
+    /// The zone of the proxy `node`: its own (`--zone`), else the zone of
+    /// its workload's endpoint in any cluster of its namespace (a pod that
+    /// backs a Service finds itself in the EndpointSlices, which carry the
+    /// node's zone; the downward API cannot give a pod its node's labels).
+    pub fn zone_of(&self, node: &Node) -> String {
+        if !node.zone.is_empty() {
+            return node.zone.clone();
+        }
+        self.clusters
+            .iter()
+            .filter(|(_, c)| c.namespace == node.namespace)
+            .filter_map(|(name, _)| self.endpoints.get(name))
+            .flat_map(|cla| &cla.endpoints)
+            .find(|e| !e.pod.is_empty() && e.pod == node.workload && !e.zone.is_empty())
+            .map(|e| e.zone.clone())
+            .unwrap_or_default()
+    }
+
+    /// Builds the routing table for the proxy `node` (short names resolve
+    /// in its namespace; zone failover prefers its zone, see
+    /// [`Resources::zone_of`]); `defaults` are the connection settings of
+    /// clusters whose rule sets none.
     pub fn build(
         &mut self,
-        namespace: &str,
+        node: &Node,
         aliases: &HostAliases,
         defaults: &PoolSettings,
     ) -> Routing {
+        let namespace = node.namespace.as_str();
+        let zone = self.zone_of(node);
+        let zone = zone.as_str();
         let mut clusters = BTreeMap::new();
         let mut states = HashMap::new();
         // Clusters that already had endpoints: only endpoints joining those
@@ -226,6 +251,7 @@ impl Resources {
             };
             let known_cluster = populated.contains(name.as_str());
             let mut eps = Vec::with_capacity(chosen.len());
+            let mut in_zone = Vec::with_capacity(chosen.len());
             for e in chosen {
                 let Ok(addr) = e.address.parse::<SocketAddr>() else {
                     continue;
@@ -241,18 +267,25 @@ impl Resources {
                 });
                 states.insert(key, state.clone());
                 eps.push((state, e.weight.max(1)));
+                in_zone.push(!zone.is_empty() && e.zone == zone);
             }
+            let size = c.minimum_ring_size.max(c.table_size);
+            let warmup = (c.warmup_ms > 0).then(|| crate::balance::Warmup {
+                window_ms: c.warmup_ms,
+                min: (c.warmup_min_percent / 100.0).clamp(0.0, 1.0),
+                inv_aggression: 1.0 / c.warmup_aggression.max(0.01),
+            });
+            let balancer = if c.zone_failover {
+                Balancer::zoned(policy, size, eps, &in_zone, warmup)
+            } else {
+                Balancer::new(policy, size, eps).with_warmup(warmup)
+            };
             clusters.insert(
                 name.clone(),
                 Arc::new(ClusterHandle {
                     name: name.as_str().into(),
                     hash: c.hash_key.as_ref().and_then(HashPolicy::from_wire),
-                    balancer: Balancer::new(policy, c.minimum_ring_size.max(c.table_size), eps)
-                        .with_warmup((c.warmup_ms > 0).then(|| crate::balance::Warmup {
-                            window_ms: c.warmup_ms,
-                            min: (c.warmup_min_percent / 100.0).clamp(0.0, 1.0),
-                            inv_aggression: 1.0 / c.warmup_aggression.max(0.01),
-                        })),
+                    balancer,
                     retry_attempts: c.retry_attempts,
                     timeout: (c.timeout_ms > 0).then(|| Duration::from_millis(c.timeout_ms)),
                     per_try_timeout: (c.per_try_timeout_ms > 0)
@@ -343,6 +376,7 @@ impl Resources {
             hosts,
             clusters,
             fallback,
+            zone: zone.to_string(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Each policy's distribution, measured at the sidecar's callers.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::harness::*;
 
@@ -352,4 +353,98 @@ spec:
         "spec.trafficPolicy.portLevelSettings: service backend.default has no port 9002 (its ports: 80, 9000, 9001); those settings apply to no traffic",
         "{rule:#}"
     );
+}
+
+/// Istio's locality failover, by zone: with outlier detection on, a sidecar
+/// in zone a sends only to zone a while it is healthy, fails over to zone b
+/// without a failed request when zone a dies, and a sidecar that does not
+/// know its zone spreads over both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zone_failover_stays_in_the_callers_zone_until_it_fails() {
+    let net = Net::new(19);
+    let mut zone_a = vec![net.backend(1, &[]).await, net.backend(2, &[]).await];
+    let _zone_b = [net.backend(3, &[]).await, net.backend(4, &[]).await];
+    let mut yaml = service_yaml("backend", &[])
+        .trim_end_matches("[]\n")
+        .to_string();
+    for (h, zone) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
+        yaml += &format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: backend-{h}}}\n  zone: {zone}\n",
+            net.ip(h)
+        );
+    }
+    net.write("svc-backend.yaml", &yaml);
+    // Outlier detection turns zone failover on, as in Istio.
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    outlierDetection: {consecutive5xxErrors: 5}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _in_a = net.sidecar(100, &["--zone", "a"]).await;
+    let _unzoned = net.sidecar(101, &[]).await;
+    let cfg = get_json(net.addr(100, 15000), "/debug/config").await;
+    let local =
+        &cfg["clusters"][format!("backend.{NS}.svc.cluster.local:80")]["local_zone_endpoints"];
+    assert_eq!(
+        local,
+        &serde_json::json!([net.addr(1, 9090).to_string(), net.addr(2, 9090).to_string()]),
+        "{cfg:#}"
+    );
+
+    let c = load(net.addr(100, 15001), "backend", 2, 400).await;
+    assert_no_failures(&c, "zone a healthy");
+    for (h, want) in [(1, 0.5), (2, 0.5), (3, 0.0), (4, 0.0)] {
+        assert_eq!(c.share(net.addr(h, 9090)), want, "{:?}", c.by_endpoint);
+    }
+    let c = load(net.addr(101, 15001), "backend", 2, 400).await;
+    assert_no_failures(&c, "no zone");
+    for h in 1..=4 {
+        assert_eq!(c.share(net.addr(h, 9090)), 0.25, "{:?}", c.by_endpoint);
+    }
+
+    // A sidecar without --zone beside a backend pod takes the zone of its
+    // pod's endpoint: backend-3 is in zone b.
+    let args: Vec<String> = [
+        "--xds-addr",
+        &format!("http://{}", net.cp_xds()),
+        "--workload",
+        "backend-3",
+        "--namespace",
+        NS,
+        "--outbound",
+        &net.addr(102, 15001).to_string(),
+        "--admin",
+        &net.addr(102, 15000).to_string(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let _beside_b = net.spawn("sidecar-102", "sidecar", &args, &[]);
+    wait_http(net.addr(102, 15000), "/ready").await;
+    let cfg = get_json(net.addr(102, 15000), "/debug/config").await;
+    assert_eq!(cfg["zone"], "b", "{cfg:#}");
+    let c = load(net.addr(102, 15001), "backend", 2, 400).await;
+    assert_no_failures(&c, "beside zone b");
+    for (h, want) in [(1, 0.0), (2, 0.0), (3, 0.5), (4, 0.5)] {
+        assert_eq!(c.share(net.addr(h, 9090)), want, "{:?}", c.by_endpoint);
+    }
+
+    // Zone a dies under load: every request is still answered, by zone b.
+    let bg = Background::start(net.addr(100, 15001), "backend", 4);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for p in &mut zone_a {
+        p.kill();
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let during = bg.finish().await;
+    assert_no_failures(&during, "zone a killed under load");
+    assert!(
+        during.ok > 100,
+        "{} requests during the failover",
+        during.ok
+    );
+    let c = load(net.addr(100, 15001), "backend", 2, 400).await;
+    assert_no_failures(&c, "after zone a died");
+    for (h, want) in [(3, 0.5), (4, 0.5)] {
+        assert_eq!(c.share(net.addr(h, 9090)), want, "{:?}", c.by_endpoint);
+    }
 }

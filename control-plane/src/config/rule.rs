@@ -376,10 +376,12 @@ pub struct LoadBalancer {
     /// Consistent hashing (ring hash or Maglev).
     #[serde(default)]
     pub consistent_hash: Option<ConsistentHash>,
-    /// Istio locality settings: accepted, not yet used (warning).
+    /// Istio locality load balancing: with outlier detection or health
+    /// checks on, a sidecar that knows its zone sends to endpoints of its
+    /// zone and fails over to the others as they fail (`enabled: false`
+    /// turns that off).
     #[serde(default)]
-    #[schemars(schema_with = "any_object")]
-    pub locality_lb_setting: Option<serde_json::Value>,
+    pub locality_lb_setting: Option<LocalityLbSetting>,
     /// Istio slow start, e.g. `60s`.
     #[serde(default)]
     pub warmup_duration_secs: Option<String>,
@@ -390,6 +392,26 @@ pub struct LoadBalancer {
     /// unmatched endpoints weigh 1.
     #[serde(default)]
     pub endpoint_weights: Vec<EndpointWeight>,
+}
+
+/// `loadBalancer.localityLbSetting` (Istio's `LocalityLoadBalancerSetting`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalityLbSetting {
+    /// Zone failover on or off (default on, as Istio's mesh default).
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Traffic shares between localities: accepted, not enforced (warning).
+    #[serde(default)]
+    #[schemars(schema_with = "any_objects")]
+    pub distribute: Vec<serde_json::Value>,
+    /// Region failover pairs: accepted, not enforced (warning).
+    #[serde(default)]
+    #[schemars(schema_with = "any_objects")]
+    pub failover: Vec<serde_json::Value>,
+    /// Label-ordered failover: accepted, not enforced (warning).
+    #[serde(default)]
+    pub failover_priority: Vec<String>,
 }
 
 /// `loadBalancer.simple` values.
@@ -607,6 +629,9 @@ pub struct Resolved {
     pub max_retries: u32,
     /// Upstream connection lifetime at most.
     pub max_connection_duration: Option<Duration>,
+    /// Zone failover (`localityLbSetting.enabled`, default on); it acts only
+    /// with outlier detection or health checks, see [`Resolved::zone_failover`].
+    pub locality_failover: bool,
     /// Settings of the ports named in `portLevelSettings`, each with the
     /// port's sections merged over the destination's (their own `ports` is
     /// empty).
@@ -614,6 +639,13 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// True when sidecars prefer endpoints in their own zone: locality load
+    /// balancing is not turned off and failures are detected (outlier
+    /// detection or health checks), as Istio requires for failover.
+    pub fn zone_failover(&self) -> bool {
+        self.locality_failover && (self.outlier.is_some() || self.health_check.is_some())
+    }
+
     /// The settings in force on `port`.
     pub fn for_port(&self, port: u16) -> &Resolved {
         self.ports.get(&port).unwrap_or(self)
@@ -662,6 +694,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     };
     const TP: &str = "spec.trafficPolicy";
     let mut resolved = resolve(tp, TP, &mut warnings)?;
+    warn_idle_failover(tp.load_balancer.as_ref(), &resolved, TP, &mut warnings);
     if tp.port_level_settings.len() > MAX_PORT_LEVEL_SETTINGS {
         return Err(FieldError::new(
             format!("{TP}.portLevelSettings"),
@@ -711,6 +744,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             ..tp.clone()
         };
         let port_resolved = resolve(&merged, &at, &mut Vec::new())?;
+        warn_idle_failover(p.load_balancer.as_ref(), &port_resolved, &at, &mut warnings);
         if ports.insert(port, port_resolved).is_some() {
             return Err(FieldError::new(
                 format!("{at}.port.number"),
@@ -720,6 +754,23 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
     }
     resolved.ports = ports;
     Ok((resolved, warnings))
+}
+
+/// Warns when `localityLbSetting.enabled: true` can have no effect.
+fn warn_idle_failover(
+    lb: Option<&LoadBalancer>,
+    resolved: &Resolved,
+    at: &str,
+    warnings: &mut Vec<String>,
+) {
+    let enabled = lb
+        .and_then(|lb| lb.locality_lb_setting.as_ref())
+        .and_then(|l| l.enabled);
+    if enabled == Some(true) && !resolved.zone_failover() {
+        warnings.push(format!(
+            "{at}.loadBalancer.localityLbSetting.enabled: no effect without outlierDetection or healthCheck, as in Istio: failover needs failures detected"
+        ));
+    }
 }
 
 impl Default for Resolved {
@@ -743,6 +794,7 @@ impl Default for Resolved {
             max_requests_per_connection: 0,
             max_retries: 0,
             max_connection_duration: None,
+            locality_failover: true,
             retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
             health_check: None,
             ports: BTreeMap::new(),
@@ -1034,10 +1086,19 @@ fn resolve(
         return Ok(resolved);
     };
     let lb_at = format!("{at}.loadBalancer");
-    if lb.locality_lb_setting.is_some() {
-        warnings.push(format!(
-            "{lb_at}.localityLbSetting: accepted but not used yet"
-        ));
+    if let Some(l) = &lb.locality_lb_setting {
+        resolved.locality_failover = l.enabled.unwrap_or(true);
+        for (set, field) in [
+            (!l.distribute.is_empty(), "distribute"),
+            (!l.failover.is_empty(), "failover"),
+            (!l.failover_priority.is_empty(), "failoverPriority"),
+        ] {
+            if set {
+                warnings.push(format!(
+                    "{lb_at}.localityLbSetting.{field}: accepted but not enforced; minimesh fails over from the caller's zone to the other zones (see enabled)"
+                ));
+            }
+        }
     }
     match (&lb.simple, &lb.consistent_hash) {
         (Some(_), Some(_)) => {
@@ -1477,11 +1538,37 @@ subsets:
                 "spec.trafficPolicy.tls",
                 "spec.trafficPolicy.tunnel",
                 "spec.trafficPolicy.proxyProtocol",
-                "spec.trafficPolicy.loadBalancer.localityLbSetting",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting.distribute",
                 "spec.trafficPolicy.portLevelSettings[0].tls",
             ],
             "{warnings:#?}"
         );
+    }
+
+    #[test]
+    fn zone_failover_follows_istio_locality_settings() {
+        let on = |yaml: &str| {
+            let (r, w) = with_policy(yaml).expect("valid");
+            (r.zone_failover(), w)
+        };
+        // Istio's default: on, but only where failures are detected.
+        assert_eq!(on("{}"), (false, vec![]));
+        assert_eq!(on("{outlierDetection: {}}"), (true, vec![]));
+        assert_eq!(on("{healthCheck: {}}"), (true, vec![]));
+        assert_eq!(
+            on("{outlierDetection: {}, loadBalancer: {localityLbSetting: {enabled: false}}}"),
+            (false, vec![])
+        );
+        assert_eq!(
+            on("{loadBalancer: {localityLbSetting: {enabled: true}}}"),
+            (false, vec!["spec.trafficPolicy.loadBalancer.localityLbSetting.enabled: no effect without outlierDetection or healthCheck, as in Istio: failover needs failures detected".to_string()])
+        );
+        let (r, w) = with_policy(
+            "{outlierDetection: {}, portLevelSettings: [{port: {number: 81}, loadBalancer: {localityLbSetting: {enabled: false, failoverPriority: [topology.kubernetes.io/zone]}}}]}",
+        )
+        .expect("valid");
+        assert!(r.zone_failover() && !r.for_port(81).zone_failover());
+        assert_eq!(w, vec!["spec.trafficPolicy.portLevelSettings[0].loadBalancer.localityLbSetting.failoverPriority: accepted but not enforced; minimesh fails over from the caller's zone to the other zones (see enabled)".to_string()]);
     }
 
     #[test]

@@ -120,8 +120,7 @@ impl XdsClient {
                 Ok(()) => {
                     versions.insert(t, resp.version_info.clone());
                     received.insert(t, true);
-                    let routing =
-                        resources.build(&self.node.namespace, &self.aliases, &self.pool_defaults);
+                    let routing = resources.build(&self.node, &self.aliases, &self.pool_defaults);
                     info!(
                         type_url = t,
                         version = resp.version_info,
