@@ -62,6 +62,9 @@ pub struct Pod {
     pub ip: Ipv4Addr,
     /// Inbound (endpoint) port.
     pub port: u16,
+    /// Zone (the EndpointSlice endpoint's `zone`).
+    #[serde(default)]
+    pub zone: String,
 }
 
 impl Pod {
@@ -185,6 +188,7 @@ impl Mesh {
                             deployment: d.name.clone(),
                             ip: offset(net, next),
                             port: svc.target_port,
+                            zone: d.zone.clone(),
                         },
                         d.env.clone(),
                     ));
@@ -300,6 +304,9 @@ impl Mesh {
             if let Some(d) = &ing.default_service {
                 cmd.args(["--default-route", &format!("{d}.{ns}")]);
             }
+            if let Some(z) = &ing.zone {
+                cmd.args(["--zone", z]);
+            }
             mesh.spawn("ingress-gateway", &mut cmd)?;
             wait_http(
                 &admin.to_string(),
@@ -398,8 +405,8 @@ impl Mesh {
             for p in pods {
                 let _ = write!(
                     y,
-                    "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  targetRef: {{kind: Pod, name: {}, namespace: {ns}}}\n  zone: local\n",
-                    p.ip, p.name
+                    "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  targetRef: {{kind: Pod, name: {}, namespace: {ns}}}\n  zone: {}\n",
+                    p.ip, p.name, p.zone
                 );
             }
         }

@@ -73,6 +73,10 @@ pub struct Ingress {
     /// Service for any other host.
     #[serde(default)]
     pub default_service: Option<String>,
+    /// The gateway's zone, for zone failover (`localityLbSetting`); none by
+    /// default, so the gateway spreads over every zone.
+    #[serde(default)]
+    pub zone: Option<String>,
 }
 
 fn default_ingress() -> SocketAddr {
@@ -115,6 +119,15 @@ pub struct Deployment {
     /// fake-service environment (MESSAGE, TIMING_50_PERCENTILE, UPSTREAM_URIS, …).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Zone of its pods, written into the EndpointSlice as a cluster's
+    /// endpoint controller writes its node's zone (default `local`). The
+    /// pods' sidecars take it as their own zone, for zone failover.
+    #[serde(default = "local_zone")]
+    pub zone: String,
+}
+
+fn local_zone() -> String {
+    "local".to_string()
 }
 
 fn one() -> u32 {
@@ -141,6 +154,37 @@ impl Topology {
             .flat_map(|s| &s.deployments)
             .map(|d| d.replicas as usize)
             .sum();
+        let zones = t
+            .spec
+            .services
+            .iter()
+            .flat_map(|s| s.deployments.iter().map(move |d| (s, d)))
+            .map(|(s, d)| {
+                (
+                    format!("spec.services[{}].deployments[{}].zone", s.name, d.name),
+                    &d.zone,
+                )
+            })
+            .chain(
+                t.spec
+                    .ingress
+                    .iter()
+                    .filter_map(|i| i.zone.as_ref())
+                    .map(|z| ("spec.ingress.zone".to_string(), z)),
+            );
+        for (field, zone) in zones {
+            let ok = !zone.is_empty()
+                && zone.len() <= 63
+                && zone
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+            if !ok {
+                bail!(
+                    "{}: {field}: {zone:?} is not a zone name (1 to 63 letters, digits, '-', '_', '.', '/')",
+                    path.display()
+                );
+            }
+        }
         if pods > MAX_PODS {
             bail!(
                 "{}: spec.services: {pods} pods, more than the {MAX_PODS} one /24 network holds",

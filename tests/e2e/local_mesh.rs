@@ -9,12 +9,10 @@ fn repo() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_walkthrough_up_curl_apply_get() {
-    let net = Net::new(51);
+/// Runs `minimesh up TOPOLOGY` on `net` (home `net.dir/home`) until it
+/// says the mesh is up.
+async fn up(net: &Net, topology: &str, ingress: std::net::SocketAddr) -> Proc {
     let home = path_str(&net.dir.join("home"));
-    let ingress = net.addr(250, 30000);
-    let topo = repo().join("examples/local/topology.yaml");
     let mut up = Proc {
         name: "minimesh up".into(),
         log: net.dir.join("logs/up.log"),
@@ -23,7 +21,7 @@ async fn seed_walkthrough_up_curl_apply_get() {
                 "--home",
                 &home,
                 "up",
-                &path_str(&topo),
+                &path_str(&repo().join(topology)),
                 "--network",
                 &net.ip(0).to_string(),
                 "--ingress",
@@ -44,15 +42,16 @@ async fn seed_walkthrough_up_curl_apply_get() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let summary = up.log_text();
-    assert!(
-        summary.contains(&format!("ingress         http://{ingress}")),
-        "{summary}"
-    );
+    up
+}
 
-    // The seed's curl, through the ingress by Host.
+/// Which simple-backend replicas answered `n` requests through the ingress.
+async fn backends_seen(
+    ingress: std::net::SocketAddr,
+    n: usize,
+) -> std::collections::BTreeMap<String, u32> {
     let mut bodies = std::collections::BTreeMap::new();
-    for _ in 0..30 {
+    for _ in 0..n {
         let (status, _, body) = get(ingress, "simple-web.istioinaction.io", "/")
             .await
             .expect("ingress");
@@ -68,6 +67,23 @@ async fn seed_walkthrough_up_curl_apply_get() {
             )
             .or_insert(0) += 1;
     }
+    bodies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_walkthrough_up_curl_apply_get() {
+    let net = Net::new(51);
+    let home = path_str(&net.dir.join("home"));
+    let ingress = net.addr(250, 30000);
+    let mut up = up(&net, "examples/local/topology.yaml", ingress).await;
+    let summary = up.log_text();
+    assert!(
+        summary.contains(&format!("ingress         http://{ingress}")),
+        "{summary}"
+    );
+
+    // The seed's curl, through the ingress by Host.
+    let bodies = backends_seen(ingress, 30).await;
     assert_eq!(
         bodies.keys().collect::<Vec<_>>(),
         vec!["Hello from simple-backend-1", "Hello from simple-backend-2"],
@@ -218,4 +234,25 @@ async fn demo_runs_every_example_rule_without_errors() {
         assert!(cols[1].parse::<u64>().expect("requests") >= 90, "{line}");
     }
     assert!(stdout.contains("Hello from simple-backend-1"), "{stdout}");
+}
+
+/// `examples/local/zones.yaml`: simple-web in zone-a calls only the
+/// simple-backend replica of its zone under the zone-failover rule it
+/// applies at start; the slices carry each pod's zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zones_topology_keeps_simple_web_in_its_zone() {
+    let net = Net::new(20);
+    let ingress = net.addr(250, 30000);
+    let _up = up(&net, "examples/local/zones.yaml", ingress).await;
+    let slices = std::fs::read_to_string(net.dir.join("home/config/services/simple-backend.yaml"))
+        .expect("simple-backend's slice");
+    assert_eq!(slices.matches("zone: zone-a").count(), 1, "{slices}");
+    assert_eq!(slices.matches("zone: zone-b").count(), 2, "{slices}");
+    let web = get_json(net.addr(1, 15000), "/debug/config").await;
+    assert_eq!(web["zone"], "zone-a", "{web:#}");
+    let bodies = backends_seen(ingress, 30).await;
+    assert_eq!(
+        bodies.into_iter().collect::<Vec<_>>(),
+        vec![("Hello from simple-backend-1".to_string(), 30)]
+    );
 }
