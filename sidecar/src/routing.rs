@@ -95,7 +95,7 @@ pub struct Routing {
     pub clusters: BTreeMap<String, Arc<ClusterHandle>>,
     /// Cluster for authorities that match nothing (gateway catch-all).
     pub fallback: Option<Arc<ClusterHandle>>,
-    /// The zone zone failover prefers (empty: unknown, no preference).
+    /// The zone that zone failover prefers (empty: unknown, no preference).
     pub zone: String,
 }
 
