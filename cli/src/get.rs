@@ -79,20 +79,34 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
         }
         What::Endpoints => {
             println!(
-                "{:<48} {:<14} {:<22} {:<24} {:<7} HEALTH",
-                "CLUSTER", "POLICY", "ENDPOINT", "POD", "WEIGHT"
+                "{:<48} {:<14} {:<22} {:<24} {:<7} {:<10} HEALTH",
+                "CLUSTER", "POLICY", "ENDPOINT", "POD", "WEIGHT", "ZONE"
             );
             for (cluster, c) in v.as_object().into_iter().flatten() {
+                // A star marks clusters whose sidecars prefer their own zone.
+                let policy = format!(
+                    "{}{}",
+                    s(&c["policy"]),
+                    if c["zoneFailover"] == true { "*" } else { "" }
+                );
                 for e in c["endpoints"].as_array().into_iter().flatten() {
+                    let zone = s(&e["zone"]);
                     println!(
-                        "{cluster:<48} {:<14} {:<22} {:<24} {:<7} {}",
-                        s(&c["policy"]),
+                        "{cluster:<48} {policy:<14} {:<22} {:<24} {:<7} {:<10} {}",
                         s(&e["address"]),
                         s(&e["pod"]),
                         s(&e["weight"]),
+                        if zone.is_empty() { "-" } else { zone.as_str() },
                         s(&e["health"])
                     );
                 }
+            }
+            if v.as_object()
+                .into_iter()
+                .flatten()
+                .any(|(_, c)| c["zoneFailover"] == true)
+            {
+                println!("\n* zone failover: each sidecar prefers endpoints in its own zone (localityLbSetting)");
             }
         }
         What::Proxies => {

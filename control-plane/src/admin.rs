@@ -231,7 +231,13 @@ fn endpoints_view(snap: &Snapshot) -> Value {
                 .collect();
             out.insert(
                 name.clone(),
-                json!({"policy": policy, "rule": cluster.map(|c| c.rule), "version": entry.version, "endpoints": endpoints}),
+                json!({
+                    "policy": policy,
+                    "zoneFailover": cluster.as_ref().is_some_and(|c| c.zone_failover),
+                    "rule": cluster.map(|c| c.rule),
+                    "version": entry.version,
+                    "endpoints": endpoints,
+                }),
             );
         }
     }

@@ -255,4 +255,25 @@ async fn zones_topology_keeps_simple_web_in_its_zone() {
         bodies.into_iter().collect::<Vec<_>>(),
         vec![("Hello from simple-backend-1".to_string(), 30)]
     );
+    let out = Command::new(bin("minimesh"))
+        .args([
+            "--home",
+            &path_str(&net.dir.join("home")),
+            "get",
+            "endpoints",
+        ])
+        .output()
+        .expect("get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let backend: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("simple-backend.istioinaction"))
+        .collect();
+    assert_eq!(backend.len(), 3, "{text}");
+    assert!(backend.iter().all(|l| l.contains("ROUND_ROBIN*")), "{text}");
+    assert_eq!(
+        backend.iter().filter(|l| l.contains(" zone-b ")).count(),
+        2,
+        "{text}"
+    );
 }
