@@ -458,7 +458,7 @@ mod tests {
         let (addr, conns) = server(false).await;
         let pool = ConnPool::default();
         let s = PoolSettings {
-            max_connection_ms: 100,
+            max_connection_ms: 300,
             ..SETTINGS
         };
         crate::clock::tick();
@@ -466,18 +466,18 @@ mod tests {
         roundtrip(&pool, addr, &s).await;
         assert_eq!(conns.load(Ordering::Relaxed), 1, "young: reused");
         // Idle past the limit: skipped at checkout, and swept.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         crate::clock::tick();
         roundtrip(&pool, addr, &s).await;
         assert_eq!(conns.load(Ordering::Relaxed), 2, "old: a new one");
         assert_eq!(pool.idle_count(), 1);
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         pool.sweep(&s);
         assert_eq!(pool.idle_count(), 0, "swept");
         // Past the limit while busy: closed once its request is done.
         crate::clock::tick();
         let resp = pool.send(addr, &s, &mut get(addr)).await.expect("send");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         crate::clock::tick();
         let mut body = resp.into_body();
         while body.frame().await.transpose().expect("body").is_some() {}
