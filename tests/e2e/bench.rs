@@ -90,9 +90,41 @@ async fn every_shipped_scenario_runs_at_a_small_scale() {
         ("lb-lab-burst", "0.03", 4),
         ("istio-slow-replica", "0.05", 3),
         ("capacity-ramp", "0.01", 3),
+        ("zone-failure", "0.05", 4),
     ] {
         let v = bench(&net, scenario, scale, &["--no-peers"]);
         check_runs(scenario, &v, backends);
+        if scenario == "zone-failure" {
+            check_zone_failure(&v);
+        }
+    }
+}
+
+/// zone-failure: both zone-a servers are killed and no request is lost;
+/// with zone failover, zone-b serves nothing before the kill.
+fn check_zone_failure(v: &serde_json::Value) {
+    for r in v["runs"].as_array().expect("runs") {
+        let policy = r["policy"].as_str().unwrap_or("?");
+        let events = r["events"].as_array().expect("events");
+        assert_eq!(events.len(), 2, "{policy}: {r:#}");
+        assert!(events.iter().all(|e| e["done"] == true), "{policy}: {r:#}");
+        assert_eq!(
+            r["errors"].as_u64(),
+            Some(0),
+            "{policy}: requests lost: {}",
+            r["errors_by_reason"]
+        );
+        if policy.ends_with("zone failover") {
+            let at = events[0]["at_s"].as_f64().unwrap_or(0.0).floor() as usize;
+            let timeline = r["timeline"].as_array().expect("timeline");
+            for sec in &timeline[..at.min(timeline.len())] {
+                assert_eq!(
+                    (&sec["served"][2], &sec["served"][3]),
+                    (&serde_json::json!(0), &serde_json::json!(0)),
+                    "{policy}: zone-b served while zone-a was up: {sec}"
+                );
+            }
+        }
     }
 }
 
