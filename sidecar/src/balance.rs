@@ -138,16 +138,24 @@ impl Zones {
     }
 
     /// A healthy endpoint of the zone the share sends this request to, or
-    /// None (then the whole cluster is picked from).
+    /// None (then the whole cluster is picked from). A retry after a failure
+    /// in the caller's zone goes to the other zones (Istio's
+    /// `retryRemoteLocalities`): when a zone dies, its endpoints are not yet
+    /// marked failing and the share not yet recomputed, and retries that
+    /// stayed in it could all land on dead endpoints.
     #[inline]
     fn pick(
         &self,
         hash: Option<u64>,
         avoid: Option<&Arc<EndpointState>>,
     ) -> Option<&Arc<EndpointState>> {
-        let share = self.share();
-        let local =
-            share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share);
+        let local = match avoid {
+            Some(a) if self.local.endpoints.iter().any(|e| Arc::ptr_eq(e, a)) => false,
+            _ => {
+                let share = self.share();
+                share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share)
+            }
+        };
         let side = if local { &self.local } else { &self.remote };
         side.pick(hash, avoid)
             .filter(|e| !e.is_failing() && !avoid.is_some_and(|a| Arc::ptr_eq(a, e)))
@@ -429,8 +437,10 @@ mod tests {
         };
         // All healthy: the zone takes everything, round robin within it.
         assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
-        // A retry avoiding one local endpoint goes to the other.
-        assert_eq!(count(&b, Some(&all[0].0)), [0, 10_000, 0, 0]);
+        // A retry after a failure in the zone leaves it; one after a failure
+        // elsewhere follows the share.
+        assert_eq!(count(&b, Some(&all[0].0)), [0, 0, 5000, 5000]);
+        assert_eq!(count(&b, Some(&all[2].0)), [5000, 5000, 0, 0]);
         // Half the zone ejected: it keeps 1.4 x 0.5 = 70%, the rest spills.
         let far = crate::clock::now_ms() + 1_000_000;
         all[0].0.ejected_until_ms.store(far, Relaxed);
@@ -446,9 +456,6 @@ mod tests {
             r1.abs_diff(r2) <= 1,
             "round robin over the other zone: {r1} {r2}"
         );
-        // A retry off the last local endpoint leaves the zone.
-        let [_, l, ..] = count(&b, Some(&all[1].0));
-        assert_eq!(l, 0);
         // The whole zone ejected: everything goes to the other zone.
         all[1].0.ejected_until_ms.store(far, Relaxed);
         settle();

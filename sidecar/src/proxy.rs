@@ -458,7 +458,16 @@ async fn forward(
                 drop(guard);
             }
             Ok(resp) => {
-                ep.mark_reachable();
+                if resp.headers().contains_key(ERROR_HEADER)
+                    && matches!(resp.status().as_u16(), 502 | 503)
+                {
+                    // The endpoint's own sidecar answered that its app is
+                    // gone, on the last attempt: skip it as a retry would
+                    // have, rather than mark it reachable for every request.
+                    ep.back_off();
+                } else {
+                    ep.mark_reachable();
+                }
                 let now = tokio::time::Instant::now();
                 let now_ms = crate::clock::advance(now);
                 let elapsed = now.saturating_duration_since(started).as_micros() as u64;
