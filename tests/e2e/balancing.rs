@@ -288,10 +288,7 @@ async fn port_level_settings_give_each_service_port_its_own_policy() {
     }
     yaml += "endpoints:\n";
     for h in [1, 2] {
-        yaml += &format!(
-            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: backend-{h}}}\n",
-            net.ip(h)
-        );
+        yaml += &endpoint_yaml(net.ip(h), &format!("backend-{h}"), None);
     }
     net.write("svc-backend.yaml", &yaml);
     net.write(
@@ -368,10 +365,7 @@ async fn zone_failover_stays_in_the_callers_zone_until_it_fails() {
         .trim_end_matches("[]\n")
         .to_string();
     for (h, zone) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
-        yaml += &format!(
-            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: backend-{h}}}\n  zone: {zone}\n",
-            net.ip(h)
-        );
+        yaml += &endpoint_yaml(net.ip(h), &format!("backend-{h}"), Some(zone));
     }
     net.write("svc-backend.yaml", &yaml);
     // Outlier detection turns zone failover on, as in Istio.

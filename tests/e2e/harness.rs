@@ -247,9 +247,15 @@ pub fn service_yaml(name: &str, endpoints: &[(Ipv4Addr, String)]) -> String {
         y.push_str("[]\n");
     }
     for (ip, pod) in endpoints {
-        y.push_str(&format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod}}}\n"));
+        y.push_str(&endpoint_yaml(*ip, pod, None));
     }
     y
+}
+
+/// One ready EndpointSlice endpoint, optionally in a zone.
+pub fn endpoint_yaml(ip: Ipv4Addr, pod: &str, zone: Option<&str>) -> String {
+    let zone = zone.map(|z| format!("  zone: {z}\n")).unwrap_or_default();
+    format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod}}}\n{zone}")
 }
 
 /// Waits (up to 20 s) for 200 from `addr` `path`.
