@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use minimesh_proto::v1::{
     self, hash_key, Cluster, ClusterLoadAssignment, Endpoint, HashKey, HealthStatus, LbPolicy,
-    PortCluster, Route,
+    PortCluster, Route, UpstreamProtocol,
 };
 use serde::Serialize;
 
-use crate::config::kube::{EndpointSlice, SliceEndpoint};
+use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
 use crate::config::parse::{ObjectKey, ValidRule};
 use crate::config::rule::{self, Policy};
 use crate::store::Store;
@@ -43,6 +43,28 @@ pub struct RuleStatus {
 /// The name of the cluster for one service port.
 pub fn cluster_name(service: &str, namespace: &str, port: u16) -> String {
     format!("{service}.{namespace}.svc.cluster.local:{port}")
+}
+
+/// The HTTP version sidecars speak to a Service port's endpoints, chosen as
+/// Istio chooses a port's protocol: its `appProtocol`, else its name's
+/// `<protocol>[-<suffix>]` prefix. gRPC and HTTP/2 ports get HTTP/2 (with
+/// prior knowledge, as gRPC servers expect); every other port HTTP/1.1.
+pub fn port_protocol(port: &ServicePort) -> UpstreamProtocol {
+    let h2 = match (&port.app_protocol, &port.name) {
+        (Some(app), _) => ["grpc", "grpc-web", "http2", "kubernetes.io/h2c"]
+            .iter()
+            .any(|p| app.eq_ignore_ascii_case(p)),
+        (None, Some(name)) => {
+            let proto = name.split('-').next().unwrap_or_default();
+            proto.eq_ignore_ascii_case("grpc") || proto.eq_ignore_ascii_case("http2")
+        }
+        (None, None) => false,
+    };
+    if h2 {
+        UpstreamProtocol::Http2
+    } else {
+        UpstreamProtocol::Http1
+    }
 }
 
 /// Resolves a rule host to (service, namespace): `name` (in the rule's
@@ -161,6 +183,7 @@ pub fn translate(
                 retry_budget_percent: rule::DEFAULT_RETRY_BUDGET_PERCENT,
                 retry_on: rule::parse_retry_on(rule::DEFAULT_RETRY_ON).unwrap_or(0),
                 retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
+                upstream_protocol: port_protocol(port) as i32,
                 ..Default::default()
             };
             if let (Some(res), Some((key, vr))) = (resolved, rule) {
@@ -174,7 +197,16 @@ pub fn translate(
                     res.per_try_timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.retry_budget_percent = res.retry_budget_percent;
                 cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
-                cluster.max_requests = res.max_requests;
+                if res.use_client_protocol {
+                    cluster.upstream_protocol = UpstreamProtocol::Client as i32;
+                }
+                cluster.max_requests =
+                    if cluster.upstream_protocol == UpstreamProtocol::Http2 as i32 {
+                        res.max_requests_h2
+                    } else {
+                        res.max_requests
+                    };
+                cluster.max_concurrent_streams = res.max_concurrent_streams;
                 cluster.idle_timeout_ms = res.idle_timeout.map_or(0, |d| d.as_millis() as u64);
                 cluster.zone_failover = res.zone_failover();
                 cluster.max_connection_duration_ms = res
@@ -407,5 +439,35 @@ mod tests {
             Some(("b".into(), "x".into()))
         );
         assert_eq!(resolve_host("b.x.example.com", "ns"), None);
+    }
+
+    #[test]
+    fn port_protocol_follows_app_protocol_then_the_name() {
+        let port = |name: Option<&str>, app: Option<&str>| ServicePort {
+            name: name.map(str::to_string),
+            port: 80,
+            target_port: None,
+            protocol: None,
+            app_protocol: app.map(str::to_string),
+        };
+        let h2 = UpstreamProtocol::Http2;
+        let h1 = UpstreamProtocol::Http1;
+        for (name, app, want) in [
+            (None, None, h1),
+            (Some("http"), None, h1),
+            (Some("grpc"), None, h2),
+            (Some("grpc-api"), None, h2),
+            (Some("GRPC-web"), None, h2),
+            (Some("http2-web"), None, h2),
+            (Some("http2x"), None, h1),
+            (Some("web"), Some("grpc"), h2),
+            (Some("web"), Some("kubernetes.io/h2c"), h2),
+            (Some("web"), Some("HTTP2"), h2),
+            // appProtocol wins over the name, as in Istio.
+            (Some("grpc"), Some("http"), h1),
+            (None, Some("kubernetes.io/ws"), h1),
+        ] {
+            assert_eq!(port_protocol(&port(name, app)), want, "{name:?} {app:?}");
+        }
     }
 }

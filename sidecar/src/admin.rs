@@ -14,6 +14,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use minimesh_proto::v1::UpstreamProtocol;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::debug;
@@ -115,6 +116,12 @@ fn config(admin: &Admin) -> serde_json::Value {
                 json!({
                     "policy": c.balancer.policy().as_str(),
                     "rule": c.rule,
+                    // HTTP/1.1, HTTP/2, or the caller's version.
+                    "protocol": match c.protocol {
+                        UpstreamProtocol::Http1 => "HTTP/1.1",
+                        UpstreamProtocol::Http2 => "HTTP/2",
+                        UpstreamProtocol::Client => "client",
+                    },
                     "endpoints": eps,
                     // With zone failover: the endpoints of this sidecar's zone.
                     "local_zone_endpoints": c.balancer.local_endpoints().map(|l| {

@@ -102,6 +102,7 @@ async fn probe(ep: &EndpointState, path: &str, timeout: Duration) -> bool {
         idle_timeout: timeout,
         max_requests_per_connection: 1,
         max_connection_ms: 0,
+        max_streams: 0,
     };
     let conns = ConnPool::default();
     matches!(tokio::time::timeout(timeout, conns.send(ep.addr, &settings, &mut req)).await, Ok(Ok(r)) if r.status().is_success())

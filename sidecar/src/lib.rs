@@ -8,6 +8,7 @@ pub mod balance;
 pub mod clock;
 pub mod endpoint;
 pub mod h1;
+pub mod h2;
 pub mod health;
 pub mod histogram;
 pub mod pool;
@@ -82,6 +83,11 @@ pub struct Args {
     /// Where the app listens, for the inbound listener.
     #[arg(long, env = "MINIMESH_APP_ADDR", requires = "inbound")]
     pub app: Option<SocketAddr>,
+    /// The HTTP version the inbound listener speaks to the app: `client`
+    /// (the version the request arrived in: callers' sidecars speak HTTP/2
+    /// only to ports declared gRPC or HTTP/2), `http1` or `http2`.
+    #[arg(long, env = "MINIMESH_APP_PROTOCOL", default_value = "client", value_parser = parse_app_protocol)]
+    pub app_protocol: minimesh_proto::v1::UpstreamProtocol,
     /// Admin listener (/healthz, /ready, /metrics, /debug/config).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
@@ -126,6 +132,16 @@ pub struct Args {
 
 /// Default of `--xds-max-message-size`: 64 MiB, about a million endpoints.
 pub const DEFAULT_XDS_MAX_MESSAGE_SIZE: u32 = 64 << 20;
+
+fn parse_app_protocol(s: &str) -> Result<minimesh_proto::v1::UpstreamProtocol, String> {
+    use minimesh_proto::v1::UpstreamProtocol;
+    match s {
+        "client" => Ok(UpstreamProtocol::Client),
+        "http1" => Ok(UpstreamProtocol::Http1),
+        "http2" => Ok(UpstreamProtocol::Http2),
+        _ => Err(format!("{s:?} is not one of client, http1, http2")),
+    }
+}
 
 fn parse_alias(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -181,6 +197,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         idle_timeout: pool::DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
         max_connection_ms: 0,
+        max_streams: 0,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -251,6 +268,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             retries_inflight: Default::default(),
             pool: pool_defaults,
             rule: String::new(),
+            protocol: args.app_protocol,
         });
         let table = Routing {
             fallback: Some(app_cluster),

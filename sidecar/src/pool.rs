@@ -59,6 +59,9 @@ pub struct PoolSettings {
     /// (`tcp.maxConnectionDuration`). An older one is closed when its
     /// request is done, as Envoy drains an HTTP/1.1 connection.
     pub max_connection_ms: u64,
+    /// Requests one HTTP/2 connection carries at once at most; 0 is
+    /// unlimited (`http.maxConcurrentStreams`).
+    pub max_streams: u32,
 }
 
 /// Why a request could not be sent.
@@ -73,12 +76,28 @@ pub enum UpstreamError {
     /// The request failed on an established connection (reset, closed, bad response).
     #[error(transparent)]
     Request(h1::Error),
+    /// The request failed on an established HTTP/2 connection.
+    #[error(transparent)]
+    H2(hyper::Error),
+    /// A streamed request body was sent on an earlier attempt and was too
+    /// long to keep: there is nothing to send again.
+    #[error("request body already sent")]
+    BodySent,
 }
 
 impl UpstreamError {
     /// True when no connection could be made: the request never reached the endpoint.
     pub fn is_connect(&self) -> bool {
-        !matches!(self, UpstreamError::Request(_))
+        matches!(
+            self,
+            UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_)
+        )
+    }
+
+    /// True when the endpoint refused the request's HTTP/2 stream: it did
+    /// not process it, so even a non-idempotent request may go elsewhere.
+    pub fn is_refused_stream(&self) -> bool {
+        matches!(self, UpstreamError::H2(e) if crate::h2::refused_stream(e))
     }
 }
 
@@ -103,7 +122,7 @@ pub fn set_event_loop(n: u16) {
     EVENT_LOOP.with(|l| l.set(n));
 }
 
-fn event_loop() -> u16 {
+pub(crate) fn event_loop() -> u16 {
     EVENT_LOOP.with(|l| l.get())
 }
 
@@ -143,8 +162,10 @@ impl Stack {
 pub struct ConnPool {
     /// Indexed by event loop.
     idle: Box<[Stack]>,
-    /// Connections open now (busy and idle).
+    /// Connections open now (busy and idle, HTTP/1.1 and HTTP/2).
     pub open: Arc<AtomicU32>,
+    /// HTTP/2 connections, made on first use: most endpoints never have any.
+    h2: std::sync::OnceLock<crate::h2::H2Pool>,
 }
 
 impl Default for ConnPool {
@@ -177,7 +198,14 @@ impl ConnPool {
         ConnPool {
             idle: (0..loops.max(1)).map(|_| Stack::default()).collect(),
             open: Arc::default(),
+            h2: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This endpoint's HTTP/2 connections (see [`crate::h2`]).
+    pub fn h2(&self) -> &crate::h2::H2Pool {
+        self.h2
+            .get_or_init(|| crate::h2::H2Pool::new(self.idle.len()))
     }
 
     fn take(&self, settings: &PoolSettings) -> Option<Idle> {
@@ -224,6 +252,9 @@ impl ConnPool {
             stack
                 .lock()
                 .retain(|c| !c.conn.is_closed() && !c.expired(now, settings));
+        }
+        if let Some(h2) = self.h2.get() {
+            h2.sweep(settings);
         }
     }
 
@@ -372,6 +403,7 @@ mod tests {
         idle_timeout: DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
         max_connection_ms: 0,
+        max_streams: 0,
     };
 
     #[tokio::test]

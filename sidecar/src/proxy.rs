@@ -261,6 +261,15 @@ async fn forward(
     start: tokio::time::Instant,
 ) -> Response<ResponseBody> {
     let (mut parts, body) = req.into_parts();
+    let h2 = cluster.upstream_h2(parts.version);
+    // HTTP/2 carries `te: trailers` on (gRPC servers look for it); every
+    // other TE is hop-by-hop and dropped.
+    let te_trailers = h2
+        && parts.headers.get_all(header::TE).iter().any(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        });
     strip_hop_by_hop(&mut parts.headers);
     if !parts.headers.contains_key(header::HOST) {
         if let Some(v) = authority.and_then(|a| match a {
@@ -292,11 +301,14 @@ async fn forward(
     } else {
         (None, Some(body))
     };
-    let attempts = if buffered.is_some() {
+    // A streamed body is recorded over HTTP/2 while it is short, so those
+    // requests may be retried too (see `crate::h2::Recording`).
+    let attempts = if buffered.is_some() || h2 {
         1 + cluster.retry_attempts
     } else {
         1
     };
+    let mut tape = None;
     let idempotent = crate::h1::idempotent(&parts.method);
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
@@ -369,31 +381,44 @@ async fn forward(
             .await;
         }
         let more = attempt + 1 < attempts;
-        // Encoded once, at the first attempt, and sent as is by the others.
-        let up = out.get_or_insert_with(|| {
-            let body = match (&buffered, streaming.take()) {
-                (Some(b), _) => UpstreamBody::Buffered(b.clone()),
-                (None, Some(s)) => UpstreamBody::Streaming(s),
-                (None, None) => UpstreamBody::Buffered(Bytes::new()),
-            };
-            encode(
-                &parts.method,
-                path,
-                &parts.headers,
-                ep.authority.as_str(),
-                body,
-            )
-        });
-        if !up.resendable() {
-            return local(StatusCode::BAD_GATEWAY, "request body already sent");
-        }
+        let up = if h2 {
+            Attempt::H2(H2Attempt {
+                parts: &parts,
+                te_trailers,
+                buffered: &buffered,
+                streaming: &mut streaming,
+                tape: &mut tape,
+            })
+        } else {
+            // Encoded once, at the first attempt, and sent as is by the others.
+            let up = out.get_or_insert_with(|| {
+                let body = match (&buffered, streaming.take()) {
+                    (Some(b), _) => UpstreamBody::Buffered(b.clone()),
+                    (None, Some(s)) => UpstreamBody::Streaming(s),
+                    (None, None) => UpstreamBody::Buffered(Bytes::new()),
+                };
+                encode(
+                    &parts.method,
+                    path,
+                    &parts.headers,
+                    ep.authority.as_str(),
+                    body,
+                )
+            });
+            if !up.resendable() {
+                return local(StatusCode::BAD_GATEWAY, "request body already sent");
+            }
+            Attempt::H1(up)
+        };
         let guard = ep.start();
         let started = at_start.take().unwrap_or_else(tokio::time::Instant::now);
         // The send future is built where it is awaited (see `handle`).
         let sent = match cluster.per_try_timeout {
-            None => Ok(ep.pool.send(ep.addr, &cluster.pool, up).await),
-            Some(t) => tokio::time::timeout(t, ep.pool.send(ep.addr, &cluster.pool, up)).await,
+            None => Ok(send(&ep, &cluster.pool, up).await),
+            Some(t) => tokio::time::timeout(t, send(&ep, &cluster.pool, up)).await,
         };
+        // Over HTTP/2 a streamed body can go again only if it was recorded whole.
+        let more = more && (!h2 || resendable(&buffered, &streaming, &tape));
         let sent = match sent {
             Ok(result) => result,
             Err(_) => {
@@ -439,6 +464,21 @@ async fn forward(
                     resp.status().as_u16(),
                     resp.headers()
                         .get(ERROR_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                );
+                last = Some(ep);
+                drop(guard);
+            }
+            Ok(resp) if more && h2 && grpc_retriable(cluster, resp.headers()) => {
+                // A gRPC call answered UNAVAILABLE or CANCELLED at once (no
+                // message went back): Istio's `unavailable` and `cancelled`.
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!(
+                    "{} answered grpc-status {}",
+                    ep.addr,
+                    resp.headers()
+                        .get(GRPC_STATUS)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("")
                 );
@@ -504,9 +544,20 @@ async fn forward(
                 last_error = format!("connect to {} failed: {}", ep.addr, source_chain(&e));
                 last = Some(ep);
                 drop(guard);
-                if buffered.is_none() || !on(cluster, RetryOn::ConnectFailure) {
+                // Over HTTP/2 the body is taken only once a connection is
+                // made: a refused one leaves it to send elsewhere.
+                let again = buffered.is_some() || (h2 && resendable(&buffered, &streaming, &tape));
+                if !again || !on(cluster, RetryOn::ConnectFailure) {
                     break;
                 }
+            }
+            Err(e) if more && e.is_refused_stream() && on(cluster, RetryOn::RefusedStream) => {
+                // The endpoint refused the HTTP/2 stream: it processed
+                // nothing, so any request may go elsewhere.
+                ep.counters.failed.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{} refused the stream: {}", ep.addr, source_chain(&e));
+                last = Some(ep);
+                drop(guard);
             }
             Err(e) if more && idempotent && on(cluster, RetryOn::Reset) => {
                 // Reset or closed before a response (a replica killed with
@@ -561,16 +612,126 @@ pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
 /// the cluster's in-flight count) until the body is done, then gives the
 /// connection back to the endpoint's pool if the body was read to the end.
 pub struct Tracked {
-    inner: crate::h1::ResponseBody,
+    inner: Upstream,
     guard: ActiveGuard,
     _inflight: Option<InflightGuard>,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if let Some(lease) = self.inner.take_reusable() {
-            self.guard.endpoint().pool.put(lease);
+        if let Upstream::H1(body) = &mut self.inner {
+            if let Some(lease) = body.take_reusable() {
+                self.guard.endpoint().pool.put(lease);
+            }
         }
+    }
+}
+
+/// A response body from the endpoint, by the HTTP version it came in.
+pub enum Upstream {
+    /// Read from a pooled HTTP/1.1 connection.
+    H1(crate::h1::ResponseBody),
+    /// A stream of a shared HTTP/2 connection.
+    H2(crate::h2::ResponseBody),
+}
+
+/// One attempt's request.
+enum Attempt<'a> {
+    H1(&'a mut Outgoing),
+    H2(H2Attempt<'a>),
+}
+
+/// What an HTTP/2 attempt builds its request from, once it has a stream:
+/// a refused connection leaves a streamed body for the next attempt.
+struct H2Attempt<'a> {
+    parts: &'a http::request::Parts,
+    te_trailers: bool,
+    buffered: &'a Option<Bytes>,
+    streaming: &'a mut Option<Incoming>,
+    tape: &'a mut Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
+}
+
+impl H2Attempt<'_> {
+    /// The body to send: the buffered one, the caller's (recorded), or a
+    /// replay of what an earlier attempt recorded.
+    fn body(&mut self) -> Option<crate::h2::RequestBody> {
+        if let Some(b) = self.buffered {
+            return Some(Either::Left(Full::new(b.clone())));
+        }
+        if let Some(s) = self.streaming.take() {
+            let tape = self.tape.insert(Default::default()).clone();
+            return Some(Either::Right(crate::h2::Recording::new(s, tape)));
+        }
+        let tape = self.tape.as_ref()?;
+        let replay = tape.lock().unwrap_or_else(|p| p.into_inner()).replay()?;
+        Some(Either::Left(Full::new(replay)))
+    }
+}
+
+/// True when a request whose attempt failed can be sent again.
+fn resendable(
+    buffered: &Option<Bytes>,
+    streaming: &Option<Incoming>,
+    tape: &Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
+) -> bool {
+    buffered.is_some()
+        || streaming.is_some()
+        || tape.as_ref().is_some_and(|t| {
+            t.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replay()
+                .is_some()
+        })
+}
+
+async fn send(
+    ep: &EndpointState,
+    settings: &crate::pool::PoolSettings,
+    up: Attempt<'_>,
+) -> Result<Response<Upstream>, crate::pool::UpstreamError> {
+    match up {
+        Attempt::H1(out) => ep
+            .pool
+            .send(ep.addr, settings, out)
+            .await
+            .map(|r| r.map(Upstream::H1)),
+        // Boxed: it would otherwise widen every request's future.
+        Attempt::H2(a) => Box::pin(send_h2(ep, settings, a))
+            .await
+            .map(|r| r.map(Upstream::H2)),
+    }
+}
+
+async fn send_h2(
+    ep: &EndpointState,
+    settings: &crate::pool::PoolSettings,
+    mut a: H2Attempt<'_>,
+) -> Result<Response<crate::h2::ResponseBody>, crate::pool::UpstreamError> {
+    let pool = ep.pool.h2();
+    let stream = pool.stream(ep.addr, settings, &ep.pool.open).await?;
+    let body = a.body().ok_or(crate::pool::UpstreamError::BodySent)?;
+    let req = crate::h2::request(
+        &a.parts.method,
+        a.parts.uri.path_and_query(),
+        &a.parts.headers,
+        &ep.authority,
+        a.te_trailers,
+        body,
+    );
+    pool.send(ep.addr, settings, &ep.pool.open, stream, req)
+        .await
+}
+
+/// The gRPC status header (or trailer).
+const GRPC_STATUS: &str = "grpc-status";
+
+/// True when a gRPC response's headers end the call with a status the
+/// cluster retries: 14 UNAVAILABLE (`unavailable`), 1 CANCELLED (`cancelled`).
+fn grpc_retriable(cluster: &ClusterHandle, headers: &HeaderMap) -> bool {
+    match headers.get(GRPC_STATUS).map(HeaderValue::as_bytes) {
+        Some(b"14") => on(cluster, RetryOn::Unavailable),
+        Some(b"1") => on(cluster, RetryOn::Cancelled),
+        _ => false,
     }
 }
 
@@ -667,21 +828,30 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, status: Option<S
 
 impl Body for Tracked {
     type Data = Bytes;
-    type Error = crate::h1::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, crate::h1::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match &mut self.inner {
+            Upstream::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Upstream::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Upstream::H1(b) => b.is_end_stream(),
+            Upstream::H2(b) => b.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Upstream::H1(b) => b.size_hint(),
+            Upstream::H2(b) => b.size_hint(),
+        }
     }
 }
 

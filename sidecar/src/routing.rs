@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, Node, Route};
+use minimesh_proto::v1::{
+    Cluster, ClusterLoadAssignment, HealthStatus, Node, Route, UpstreamProtocol,
+};
 
 use crate::balance::{Balancer, Policy};
 use crate::endpoint::EndpointState;
@@ -84,6 +86,21 @@ pub struct ClusterHandle {
     pub pool: PoolSettings,
     /// The rule in force (`namespace/name`), empty for the default policy.
     pub rule: String,
+    /// The HTTP version spoken to the endpoints.
+    pub protocol: UpstreamProtocol,
+}
+
+impl ClusterHandle {
+    /// True when a request that arrived as `version` goes to the endpoints
+    /// over HTTP/2.
+    #[inline]
+    pub fn upstream_h2(&self, version: http::Version) -> bool {
+        match self.protocol {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::Http2 => true,
+            UpstreamProtocol::Client => version == http::Version::HTTP_2,
+        }
+    }
 }
 
 /// Immutable routing table.
@@ -153,6 +170,12 @@ impl Default for PickHistogram {
 /// Checks a cluster the sidecar is about to accept.
 pub fn validate_cluster(c: &Cluster) -> Result<(), String> {
     let policy = Policy::from_wire(c.policy)?;
+    UpstreamProtocol::try_from(c.upstream_protocol).map_err(|_| {
+        format!(
+            "unknown upstream protocol number {} (a newer control plane?)",
+            c.upstream_protocol
+        )
+    })?;
     if matches!(policy, Policy::RingHash | Policy::Maglev) {
         if c.hash_key
             .as_ref()
@@ -311,6 +334,7 @@ impl Resources {
                         },
                         max_requests_per_connection: c.max_requests_per_connection,
                         max_connection_ms: c.max_connection_duration_ms,
+                        max_streams: c.max_concurrent_streams,
                     },
                     budget: {
                         let b = self.budgets.entry(name.clone()).or_insert_with(|| {
@@ -329,6 +353,8 @@ impl Resources {
                     },
                     pick_ns: self.picks.entry(name.clone()).or_default().clone(),
                     rule: c.rule.clone(),
+                    protocol: UpstreamProtocol::try_from(c.upstream_protocol)
+                        .unwrap_or(UpstreamProtocol::Http1),
                 }),
             );
         }

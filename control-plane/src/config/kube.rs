@@ -59,6 +59,10 @@ pub struct ServicePort {
     /// TCP, UDP or SCTP; only TCP is proxied.
     #[serde(default)]
     pub protocol: Option<String>,
+    /// The application protocol (`grpc`, `http2`, `kubernetes.io/h2c`, …);
+    /// it decides the HTTP version sidecars speak to the endpoints.
+    #[serde(default)]
+    pub app_protocol: Option<String>,
 }
 
 /// A `discovery.k8s.io/v1` EndpointSlice.

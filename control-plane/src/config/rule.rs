@@ -333,13 +333,17 @@ pub struct HttpPool {
     /// Idle upstream connections are closed after this (default 1h).
     #[serde(default)]
     pub idle_timeout: Option<String>,
-    /// Accepted, not enforced.
+    /// `DEFAULT` or `DO_NOT_UPGRADE` (HTTP/1.1 ports stay HTTP/1.1);
+    /// `UPGRADE` is accepted with a warning: declare the Service port's
+    /// protocol instead.
     #[serde(default)]
     pub h2_upgrade_policy: Option<String>,
-    /// Accepted, not enforced.
+    /// Speak to the endpoints in the HTTP version the request arrived in,
+    /// whatever the Service port declares.
     #[serde(default)]
     pub use_client_protocol: Option<bool>,
-    /// Accepted, not enforced.
+    /// Requests one upstream HTTP/2 connection carries at once at most
+    /// (default unlimited); more open another connection.
     #[serde(default)]
     pub max_concurrent_streams: Option<u32>,
 }
@@ -619,8 +623,17 @@ pub struct Resolved {
     pub retry_on: u32,
     /// Active health checking, when configured.
     pub health_check: Option<ResolvedHealthCheck>,
-    /// Requests in flight per sidecar at most (0 = unlimited).
+    /// Requests in flight per sidecar at most over HTTP/1.1 (0 = unlimited):
+    /// `tcp.maxConnections` plus `http.http1MaxPendingRequests`, and at
+    /// most `http.http2MaxRequests`.
     pub max_requests: u32,
+    /// Requests in flight per sidecar at most over HTTP/2
+    /// (`http.http2MaxRequests`; 0 = unlimited).
+    pub max_requests_h2: u32,
+    /// `http.useClientProtocol`.
+    pub use_client_protocol: bool,
+    /// Streams per upstream HTTP/2 connection at most (0 = unlimited).
+    pub max_concurrent_streams: u32,
     /// Idle upstream connection lifetime.
     pub idle_timeout: Option<Duration>,
     /// Requests per upstream connection (0 = unlimited).
@@ -790,6 +803,9 @@ impl Default for Resolved {
             retry_budget_min_per_second: DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
             outlier: None,
             max_requests: 0,
+            max_requests_h2: 0,
+            use_client_protocol: false,
+            max_concurrent_streams: 0,
             idle_timeout: None,
             max_requests_per_connection: 0,
             max_retries: 0,
@@ -938,9 +954,10 @@ fn resolve(
                 ));
             }
         }
-        // Upstream connections carry one HTTP/1.1 request each: requests in
+        // Upstream HTTP/1.1 connections carry one request each: requests in
         // flight are at most maxConnections plus the pending queue, and at
-        // most http2MaxRequests.
+        // most http2MaxRequests. HTTP/2 connections multiplex, so there only
+        // http2MaxRequests bounds them, as in Envoy.
         let limit = match (conns, pending) {
             (Some(c), Some(p)) => Some(c.saturating_add(p)),
             (Some(c), None) => Some(c.saturating_add(1024)),
@@ -952,6 +969,7 @@ fn resolve(
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => 0,
         };
+        resolved.max_requests_h2 = h2.unwrap_or(0);
         let dur = |v: Option<&String>, field: &str| {
             v.map(|t| parse_duration(t).map_err(|r| FieldError::new(format!("{cp_at}.{field}"), r)))
                 .transpose()
@@ -989,36 +1007,31 @@ fn resolve(
             }
             resolved.max_retries = h.max_retries.unwrap_or(0);
         }
-        let unenforced: Vec<&str> = [
-            (
-                cp.tcp.as_ref().is_some_and(|t| t.tcp_keepalive.is_some()),
-                "tcp.tcpKeepalive",
-            ),
-            (
-                cp.http
-                    .as_ref()
-                    .is_some_and(|h| h.h2_upgrade_policy.is_some()),
-                "http.h2UpgradePolicy",
-            ),
-            (
-                cp.http
-                    .as_ref()
-                    .is_some_and(|h| h.use_client_protocol.is_some()),
-                "http.useClientProtocol",
-            ),
-            (
-                cp.http
-                    .as_ref()
-                    .is_some_and(|h| h.max_concurrent_streams.is_some()),
-                "http.maxConcurrentStreams",
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(set, f)| set.then_some(f))
-        .collect();
-        for f in unenforced {
+        if let Some(h) = &cp.http {
+            resolved.use_client_protocol = h.use_client_protocol.unwrap_or(false);
+            if h.max_concurrent_streams == Some(0) {
+                return Err(FieldError::new(
+                    format!("{cp_at}.http.maxConcurrentStreams"),
+                    "must be at least 1 (leave it out for no limit)",
+                ));
+            }
+            resolved.max_concurrent_streams = h.max_concurrent_streams.unwrap_or(0);
+            match h.h2_upgrade_policy.as_deref() {
+                None | Some("DEFAULT") | Some("DO_NOT_UPGRADE") => {}
+                Some("UPGRADE") => warnings.push(format!(
+                    "{cp_at}.http.h2UpgradePolicy: UPGRADE is accepted but not enforced (requests to HTTP/1.1 ports stay HTTP/1.1, which every app behind them speaks); to speak HTTP/2 to a service, declare its port: appProtocol: http2 or grpc, or a port name starting with http2- or grpc-"
+                )),
+                Some(other) => {
+                    return Err(FieldError::new(
+                        format!("{cp_at}.http.h2UpgradePolicy"),
+                        format!("{other:?} is not one of DEFAULT, DO_NOT_UPGRADE, UPGRADE"),
+                    ))
+                }
+            }
+        }
+        if cp.tcp.as_ref().is_some_and(|t| t.tcp_keepalive.is_some()) {
             warnings.push(format!(
-                "{cp_at}.{f}: accepted but not enforced (upstream connections are HTTP/1.1)"
+                "{cp_at}.tcp.tcpKeepalive: accepted but not enforced (minimesh does not set TCP keepalive on upstream connections)"
             ));
         }
     }
@@ -1532,9 +1545,6 @@ subsets:
                 "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures",
                 "spec.trafficPolicy.connectionPool.tcp.idleTimeout",
                 "spec.trafficPolicy.connectionPool.tcp.tcpKeepalive",
-                "spec.trafficPolicy.connectionPool.http.h2UpgradePolicy",
-                "spec.trafficPolicy.connectionPool.http.useClientProtocol",
-                "spec.trafficPolicy.connectionPool.http.maxConcurrentStreams",
                 "spec.trafficPolicy.tls",
                 "spec.trafficPolicy.tunnel",
                 "spec.trafficPolicy.proxyProtocol",
@@ -1703,7 +1713,36 @@ subsets:
                 .map_err(|e| e.field),
             Err("spec.trafficPolicy.connectionPool.http.maxRetries".to_string())
         );
-        let (_, warnings) = with_pool("{http: {maxConcurrentStreams: 10}}").expect("valid");
-        assert_eq!(warnings, vec!["spec.trafficPolicy.connectionPool.http.maxConcurrentStreams: accepted but not enforced (upstream connections are HTTP/1.1)".to_string()]);
+        let (r, warnings) = with_pool(
+            "{http: {maxConcurrentStreams: 10, useClientProtocol: true, http2MaxRequests: 50, h2UpgradePolicy: DO_NOT_UPGRADE}}",
+        )
+        .expect("valid");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(r.max_concurrent_streams, 10);
+        assert!(r.use_client_protocol);
+        assert_eq!((r.max_requests, r.max_requests_h2), (50, 50));
+        let (r, _) = with_pool("{tcp: {maxConnections: 4}}").expect("valid");
+        assert_eq!((r.max_requests, r.max_requests_h2), (1028, 0));
+        assert_eq!(
+            with_pool("{http: {maxConcurrentStreams: 0}}").map(|_| ()),
+            Err(FieldError::new(
+                "spec.trafficPolicy.connectionPool.http.maxConcurrentStreams",
+                "must be at least 1 (leave it out for no limit)"
+            ))
+        );
+        assert_eq!(
+            with_pool("{http: {h2UpgradePolicy: ALWAYS}}").map(|_| ()),
+            Err(FieldError::new(
+                "spec.trafficPolicy.connectionPool.http.h2UpgradePolicy",
+                "\"ALWAYS\" is not one of DEFAULT, DO_NOT_UPGRADE, UPGRADE"
+            ))
+        );
+        let (_, warnings) = with_pool("{http: {h2UpgradePolicy: UPGRADE}}").expect("valid");
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].starts_with("spec.trafficPolicy.connectionPool.http.h2UpgradePolicy: UPGRADE is accepted but not enforced")
+                && warnings[0].contains("appProtocol: http2 or grpc"),
+            "{warnings:?}"
+        );
     }
 }
