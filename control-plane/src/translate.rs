@@ -217,6 +217,8 @@ pub fn translate(
                 cluster.retry_on = res.retry_on;
                 cluster.health_check = res.health_check.as_ref().map(|h| v1::HealthCheck {
                     path: h.path.clone(),
+                    grpc: h.grpc_service.is_some(),
+                    grpc_service: h.grpc_service.clone().unwrap_or_default(),
                     interval_ms: h.interval.as_millis() as u64,
                     timeout_ms: h.timeout.as_millis() as u64,
                     healthy_threshold: h.healthy_threshold,

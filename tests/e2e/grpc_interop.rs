@@ -205,6 +205,25 @@ async fn grpc_calls_on_one_connection_are_balanced_per_call_through_the_mesh() {
         })
         .sum();
     assert_eq!(served, 60, "{stdout}");
+
+    // gRPC health checking: greeter-3 answers NOT_SERVING, greeter-2 is
+    // gone; greeter-1 takes every call.
+    net.write(
+        "dr-greeter.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: greeter-dr\nspec:\n  host: greeter\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    healthCheck: {grpcService: \"\", interval: 100ms}\n",
+    );
+    wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {
+        let eps = &v["clusters"][format!("greeter.{NS}.svc.cluster.local:80")]["endpoints"];
+        let failing = |pod: &str| {
+            eps.as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["pod"] == pod && e["health_check_failing"].as_bool() == Some(true))
+        };
+        failing("greeter-2") && failing("greeter-3")
+    })
+    .await;
+    assert_eq!(grpc_client(&proxy, "who", 30).await, "who: greeter-1=30\n");
 }
 
 /// Runs tests/interop/grpc_mesh.py's client through `proxy` and returns

@@ -17,6 +17,8 @@ protobuf compiler is needed:
   Flaky   unary: UNAVAILABLE from servers whose name ends in -3, else the name
   Count   client streaming: the server's name and how many bytes it got
   Repeat  server streaming: three messages naming the server
+and grpc.health.v1.Health/Check (gRPC's health checking protocol): SERVING,
+or NOT_SERVING from servers whose name ends in -3.
 """
 
 import sys
@@ -62,9 +64,15 @@ def serve(name, addr):
         "Repeat": grpc.unary_stream_rpc_method_handler(
             repeat, request_deserializer=identity, response_serializer=identity),
     }
+    def check(request, context):
+        # HealthCheckResponse.status (field 1): 1 SERVING, 2 NOT_SERVING.
+        return b"\x08\x02" if name.endswith("-3") else b"\x08\x01"
+
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("mesh.Echo", handlers),))
+    server.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler("mesh.Echo", handlers),
+        grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": unary(check)}),
+    ))
     server.add_insecure_port(addr)
     server.start()
     print(f"{name} serving on {addr}", flush=True)

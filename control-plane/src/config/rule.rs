@@ -200,6 +200,11 @@ pub struct HealthCheck {
     /// HTTP path probed with GET; 2xx is healthy (default `/health`).
     #[serde(default)]
     pub path: Option<String>,
+    /// Probe with gRPC's health checking protocol instead
+    /// (`grpc.health.v1.Health/Check` over HTTP/2), asking about this
+    /// service (`""`: the server as a whole); SERVING is healthy.
+    #[serde(default)]
+    pub grpc_service: Option<String>,
     /// Time between probes (default 5s, at least 100ms).
     #[serde(default)]
     pub interval: Option<String>,
@@ -219,6 +224,8 @@ pub struct HealthCheck {
 pub struct ResolvedHealthCheck {
     /// Path.
     pub path: String,
+    /// gRPC health checking of this service instead of `GET path`.
+    pub grpc_service: Option<String>,
     /// Interval.
     pub interval: Duration,
     /// Timeout.
@@ -917,6 +924,20 @@ fn resolve(
                 format!("{path:?} is not an absolute path"),
             ));
         }
+        if let Some(svc) = &hc.grpc_service {
+            if hc.path.is_some() {
+                return Err(FieldError::new(
+                    format!("{hc_at}.grpcService"),
+                    "set either path (an HTTP check) or grpcService (a gRPC health check), not both",
+                ));
+            }
+            if svc.len() > 1024 || svc.chars().any(|c| c.is_control()) {
+                return Err(FieldError::new(
+                    format!("{hc_at}.grpcService"),
+                    "must be a service name of at most 1024 printable characters",
+                ));
+            }
+        }
         let th = |v: Option<u32>, field: &str, default: u32| match v {
             Some(0) => Err(FieldError::new(
                 format!("{hc_at}.{field}"),
@@ -931,6 +952,7 @@ fn resolve(
         };
         resolved.health_check = Some(ResolvedHealthCheck {
             path,
+            grpc_service: hc.grpc_service.clone(),
             interval,
             timeout,
             healthy_threshold: th(hc.healthy_threshold, "healthyThreshold", 1)?,
@@ -1672,6 +1694,36 @@ subsets:
                 .map(|_| ())
                 .map_err(|e| e.field),
             Err("spec.trafficPolicy.connectionPool.tcp.maxConnectionDuration".to_string())
+        );
+    }
+
+    #[test]
+    fn health_check_is_http_or_grpc() {
+        let hc = |yaml: &str| {
+            let hc: HealthCheck = serde_json::from_value(
+                serde_saphyr::from_str::<serde_json::Value>(yaml).expect("yaml"),
+            )
+            .expect("shape");
+            validate(&RuleSpec {
+                host: "a".into(),
+                traffic_policy: Some(TrafficPolicy {
+                    health_check: Some(hc),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .map(|(r, _)| r.health_check.expect("resolved"))
+        };
+        let http = hc("{}").expect("valid");
+        assert_eq!((http.path.as_str(), http.grpc_service), ("/health", None));
+        let grpc = hc("{grpcService: \"\"}").expect("valid");
+        assert_eq!(grpc.grpc_service.as_deref(), Some(""));
+        assert_eq!(
+            hc("{grpcService: mesh.Echo, path: /health}").map(|_| ()),
+            Err(FieldError::new(
+                "spec.trafficPolicy.healthCheck.grpcService",
+                "set either path (an HTTP check) or grpcService (a gRPC health check), not both"
+            ))
         );
     }
 
