@@ -11,7 +11,7 @@ use crate::mesh::MeshState;
 pub enum What {
     /// DestinationRules with status, and rejected config.
     Rules,
-    /// Endpoints per cluster with weight and health.
+    /// Endpoints per cluster with policy, protocol, weight, zone and health.
     Endpoints,
     /// Connected proxies and the versions they ACKed (like istioctl proxy-status).
     Proxies,
@@ -79,8 +79,8 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
         }
         What::Endpoints => {
             println!(
-                "{:<48} {:<14} {:<22} {:<24} {:<7} {:<10} HEALTH",
-                "CLUSTER", "POLICY", "ENDPOINT", "POD", "WEIGHT", "ZONE"
+                "{:<48} {:<14} {:<9} {:<22} {:<24} {:<7} {:<10} HEALTH",
+                "CLUSTER", "POLICY", "PROTOCOL", "ENDPOINT", "POD", "WEIGHT", "ZONE"
             );
             for (cluster, c) in v.as_object().into_iter().flatten() {
                 // A star marks clusters whose sidecars prefer their own zone.
@@ -92,7 +92,8 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
                 for e in c["endpoints"].as_array().into_iter().flatten() {
                     let zone = s(&e["zone"]);
                     println!(
-                        "{cluster:<48} {policy:<14} {:<22} {:<24} {:<7} {:<10} {}",
+                        "{cluster:<48} {policy:<14} {:<9} {:<22} {:<24} {:<7} {:<10} {}",
+                        s(&c["protocol"]),
                         s(&e["address"]),
                         s(&e["pod"]),
                         s(&e["weight"]),

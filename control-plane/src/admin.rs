@@ -13,7 +13,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use minimesh_proto::prost::Message;
-use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, HealthStatus, LbPolicy};
+use minimesh_proto::v1::{
+    Cluster, ClusterLoadAssignment, HealthStatus, LbPolicy, UpstreamProtocol,
+};
 use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
@@ -234,6 +236,12 @@ fn endpoints_view(snap: &Snapshot) -> Value {
                 json!({
                     "policy": policy,
                     "zoneFailover": cluster.as_ref().is_some_and(|c| c.zone_failover),
+                    // The HTTP version sidecars speak to the endpoints.
+                    "protocol": cluster.as_ref().map(|c| match UpstreamProtocol::try_from(c.upstream_protocol) {
+                        Ok(UpstreamProtocol::Http2) => "HTTP/2",
+                        Ok(UpstreamProtocol::Client) => "client",
+                        _ => "HTTP/1.1",
+                    }),
                     "rule": cluster.map(|c| c.rule),
                     "version": entry.version,
                     "endpoints": endpoints,

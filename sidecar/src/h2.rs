@@ -458,13 +458,16 @@ impl Body for ResponseBody {
     }
 }
 
-/// True when `e` is the server refusing the stream (`REFUSED_STREAM`): it
-/// did not process the request, so any request may go to another endpoint.
+/// True when the server did not process the request: it refused the
+/// stream (`REFUSED_STREAM`), or is going away (`GOAWAY`, which fails only
+/// the streams it will not process: a server draining for a restart). Any
+/// request may then go to another endpoint.
 pub fn refused_stream(e: &hyper::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if let Some(h2) = err.downcast_ref::<::h2::Error>() {
-            return h2.reason() == Some(::h2::Reason::REFUSED_STREAM);
+            return h2.reason() == Some(::h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.is_remote());
         }
         cur = err.source();
     }

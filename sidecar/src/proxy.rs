@@ -286,7 +286,7 @@ async fn forward(
     // The first attempt of a request with no body starts when the request
     // did: no second clock read. Later ones (or after reading a body) read it.
     let mut at_start = body.is_end_stream().then_some(start);
-    let (buffered, mut streaming) = if body.is_end_stream() {
+    let (buffered, streaming) = if body.is_end_stream() {
         (Some(Bytes::new()), None)
     } else if hint.upper().is_some_and(|u| u <= MAX_BUFFERED_BODY) {
         match Box::pin(body.collect()).await {
@@ -308,7 +308,11 @@ async fn forward(
     } else {
         1
     };
-    let mut tape = None;
+    let mut body = RequestBody {
+        buffered,
+        streaming,
+        tape: None,
+    };
     let idempotent = crate::h1::idempotent(&parts.method);
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
@@ -385,24 +389,17 @@ async fn forward(
             Attempt::H2(H2Attempt {
                 parts: &parts,
                 te_trailers,
-                buffered: &buffered,
-                streaming: &mut streaming,
-                tape: &mut tape,
+                body: &mut body,
             })
         } else {
             // Encoded once, at the first attempt, and sent as is by the others.
             let up = out.get_or_insert_with(|| {
-                let body = match (&buffered, streaming.take()) {
-                    (Some(b), _) => UpstreamBody::Buffered(b.clone()),
-                    (None, Some(s)) => UpstreamBody::Streaming(s),
-                    (None, None) => UpstreamBody::Buffered(Bytes::new()),
-                };
                 encode(
                     &parts.method,
                     path,
                     &parts.headers,
                     ep.authority.as_str(),
-                    body,
+                    body.h1(),
                 )
             });
             if !up.resendable() {
@@ -417,8 +414,8 @@ async fn forward(
             None => Ok(send(&ep, &cluster.pool, up).await),
             Some(t) => tokio::time::timeout(t, send(&ep, &cluster.pool, up)).await,
         };
-        // Over HTTP/2 a streamed body can go again only if it was recorded whole.
-        let more = more && (!h2 || resendable(&buffered, &streaming, &tape));
+        // A streamed body can go again only if an HTTP/2 attempt recorded it whole.
+        let more = more && body.resendable();
         let sent = match sent {
             Ok(result) => result,
             Err(_) => {
@@ -545,9 +542,8 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
                 // Over HTTP/2 the body is taken only once a connection is
-                // made: a refused one leaves it to send elsewhere.
-                let again = buffered.is_some() || (h2 && resendable(&buffered, &streaming, &tape));
-                if !again || !on(cluster, RetryOn::ConnectFailure) {
+                // made: a refused one leaves a streamed body to send elsewhere.
+                if !body.resendable() || !on(cluster, RetryOn::ConnectFailure) {
                     break;
                 }
             }
@@ -646,16 +642,45 @@ enum Attempt<'a> {
 struct H2Attempt<'a> {
     parts: &'a http::request::Parts,
     te_trailers: bool,
-    buffered: &'a Option<Bytes>,
-    streaming: &'a mut Option<Incoming>,
-    tape: &'a mut Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
+    body: &'a mut RequestBody,
 }
 
-impl H2Attempt<'_> {
-    /// The body to send: the buffered one, the caller's (recorded), or a
-    /// replay of what an earlier attempt recorded.
-    fn body(&mut self) -> Option<crate::h2::RequestBody> {
-        if let Some(b) = self.buffered {
+/// A request's body over its attempts.
+struct RequestBody {
+    /// The whole body, read before the first attempt (known to be small).
+    buffered: Option<Bytes>,
+    /// The caller's body, until an attempt takes it.
+    streaming: Option<Incoming>,
+    /// What an HTTP/2 attempt recorded of the streamed body.
+    tape: Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
+}
+
+impl RequestBody {
+    /// True when another attempt has a body to send.
+    fn resendable(&self) -> bool {
+        self.buffered.is_some()
+            || self.streaming.is_some()
+            || self.tape.as_ref().is_some_and(|t| {
+                t.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .replay()
+                    .is_some()
+            })
+    }
+
+    /// The body of an HTTP/1.1 request (encoded once for all its attempts).
+    fn h1(&mut self) -> UpstreamBody {
+        match (&self.buffered, self.streaming.take()) {
+            (Some(b), _) => UpstreamBody::Buffered(b.clone()),
+            (None, Some(s)) => UpstreamBody::Streaming(s),
+            (None, None) => UpstreamBody::Buffered(Bytes::new()),
+        }
+    }
+
+    /// The body of an HTTP/2 attempt: the buffered one, the caller's
+    /// (recorded), or a replay of what an earlier attempt recorded.
+    fn h2(&mut self) -> Option<crate::h2::RequestBody> {
+        if let Some(b) = &self.buffered {
             return Some(Either::Left(Full::new(b.clone())));
         }
         if let Some(s) = self.streaming.take() {
@@ -666,22 +691,6 @@ impl H2Attempt<'_> {
         let replay = tape.lock().unwrap_or_else(|p| p.into_inner()).replay()?;
         Some(Either::Left(Full::new(replay)))
     }
-}
-
-/// True when a request whose attempt failed can be sent again.
-fn resendable(
-    buffered: &Option<Bytes>,
-    streaming: &Option<Incoming>,
-    tape: &Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
-) -> bool {
-    buffered.is_some()
-        || streaming.is_some()
-        || tape.as_ref().is_some_and(|t| {
-            t.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .replay()
-                .is_some()
-        })
 }
 
 async fn send(
@@ -705,11 +714,11 @@ async fn send(
 async fn send_h2(
     ep: &EndpointState,
     settings: &crate::pool::PoolSettings,
-    mut a: H2Attempt<'_>,
+    a: H2Attempt<'_>,
 ) -> Result<Response<crate::h2::ResponseBody>, crate::pool::UpstreamError> {
     let pool = ep.pool.h2();
     let stream = pool.stream(ep.addr, settings, &ep.pool.open).await?;
-    let body = a.body().ok_or(crate::pool::UpstreamError::BodySent)?;
+    let body = a.body.h2().ok_or(crate::pool::UpstreamError::BodySent)?;
     let req = crate::h2::request(
         &a.parts.method,
         a.parts.uri.path_and_query(),

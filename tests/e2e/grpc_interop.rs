@@ -144,11 +144,11 @@ async fn grpc_calls_on_one_connection_are_balanced_per_call_through_the_mesh() {
     })
     .await;
     let v = get_json(net.addr(10, 15000), "/debug/config").await;
-    assert_eq!(
-        v["clusters"][format!("greeter.{NS}.svc.cluster.local:80")]["protocol"],
-        "HTTP/2",
-        "{v:#}"
-    );
+    let cluster = format!("greeter.{NS}.svc.cluster.local:80");
+    assert_eq!(v["clusters"][&cluster]["protocol"], "HTTP/2", "{v:#}");
+    // What `minimesh get endpoints` shows.
+    let v = get_json(net.cp_admin(), "/debug/endpoints").await;
+    assert_eq!(v[&cluster]["protocol"], "HTTP/2", "{v:#}");
     for (host, s) in (1..=3u8).zip(&mut servers) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while tokio::net::TcpStream::connect(net.addr(host, 9091))
