@@ -207,6 +207,38 @@ struct Slot {
     conns: Vec<Conn>,
     /// A request of this loop is dialing; others wait for its connection.
     dialing: bool,
+    /// Dials ended so far…
+    dials: u64,
+    /// …and how the last one failed (None: it connected, or was dropped).
+    failure: Option<DialFailure>,
+}
+
+/// Why a dial failed, kept for the requests that waited on it: they fail
+/// at once with it (and go to another endpoint) rather than each dial a
+/// black hole for the connect timeout in turn.
+#[derive(Clone)]
+enum DialFailure {
+    Io(std::io::ErrorKind, String),
+    Timeout(std::time::Duration),
+}
+
+impl DialFailure {
+    fn of(e: &UpstreamError) -> Option<DialFailure> {
+        match e {
+            UpstreamError::Connect(io) => Some(DialFailure::Io(io.kind(), io.to_string())),
+            UpstreamError::ConnectTimeout(d) => Some(DialFailure::Timeout(*d)),
+            _ => None,
+        }
+    }
+
+    fn error(&self) -> UpstreamError {
+        match self {
+            DialFailure::Io(kind, msg) => {
+                UpstreamError::Connect(std::io::Error::new(*kind, msg.clone()))
+            }
+            DialFailure::Timeout(d) => UpstreamError::ConnectTimeout(*d),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -239,14 +271,21 @@ impl Drop for Stream {
     }
 }
 
-/// Clears the dialing mark and wakes the waiters, also when the dialing
-/// request is dropped midway (its caller went away).
-struct Dialing<'a>(&'a Loop);
+/// Clears the dialing mark, says how the dial ended and wakes the waiters,
+/// also when the dialing request is dropped midway (its caller went away).
+struct Dialing<'a> {
+    l: &'a Loop,
+    failure: Option<DialFailure>,
+}
 
 impl Drop for Dialing<'_> {
     fn drop(&mut self) {
-        self.0.lock().dialing = false;
-        self.0.dialed.notify_waiters();
+        let mut slot = self.l.lock();
+        slot.dialing = false;
+        slot.dials += 1;
+        slot.failure = self.failure.take();
+        drop(slot);
+        self.l.dialed.notify_waiters();
     }
 }
 
@@ -258,10 +297,12 @@ pub struct H2Stream {
     fresh: bool,
 }
 
-/// Either a stream on an existing connection, or the right to dial.
+/// A stream on an existing connection, the right to dial, or the failure
+/// of the dial this request waited for.
 enum Taken {
     Stream(SendRequest<RequestBody>, Stream),
     Dial,
+    Failed(UpstreamError),
 }
 
 impl H2Pool {
@@ -275,6 +316,8 @@ impl H2Pool {
     /// Takes a stream on a connection of loop `l`, or the right to dial one,
     /// waiting while another request of the loop dials.
     async fn take(&self, l: &Loop, settings: &PoolSettings) -> Taken {
+        // The dials ended when this request began to wait.
+        let mut waited_from = None;
         loop {
             let wait = {
                 let mut slot = l.lock();
@@ -289,10 +332,16 @@ impl H2Pool {
                     c.streams.active.fetch_add(1, Ordering::Relaxed);
                     return Taken::Stream(c.send.clone(), Stream(c.streams.clone()));
                 }
+                if waited_from.is_some_and(|n| n != slot.dials) {
+                    if let Some(f) = &slot.failure {
+                        return Taken::Failed(f.error());
+                    }
+                }
                 if !slot.dialing {
                     slot.dialing = true;
                     return Taken::Dial;
                 }
+                waited_from.get_or_insert(slot.dials);
                 // Registered before the lock is let go: the dialer's
                 // notify_waiters cannot slip in between.
                 l.dialed.notified()
@@ -317,9 +366,16 @@ impl H2Pool {
                 stream,
                 fresh: false,
             }),
+            Taken::Failed(e) => Err(e),
             Taken::Dial => {
-                let dialing = Dialing(l);
-                let send = dial(addr, settings, open).await?;
+                let mut dialing = Dialing { l, failure: None };
+                let send = match dial(addr, settings, open).await {
+                    Ok(send) => send,
+                    Err(e) => {
+                        dialing.failure = DialFailure::of(&e);
+                        return Err(e);
+                    }
+                };
                 let streams = Arc::new(Streams {
                     active: AtomicU32::new(1),
                     idle_since_ms: AtomicU64::new(crate::clock::now_ms()),
@@ -561,6 +617,28 @@ mod tests {
             call(&pool, addr, &s, &open).await;
             assert_eq!(conns.load(Ordering::Relaxed), want);
         }
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_on_a_failed_dial_fail_with_it() {
+        // A port nobody listens on: four requests at once make one dial,
+        // and all four get its error, rather than dial in turn.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        drop(l);
+        let pool = H2Pool::new(1);
+        let open = Arc::new(AtomicU32::new(0));
+        let try_one = || async {
+            match pool.stream(addr, &SETTINGS, &open).await {
+                Err(e) => assert!(e.is_connect(), "{e}"),
+                Ok(_) => panic!("connected to a closed port"),
+            }
+        };
+        tokio::join!(try_one(), try_one(), try_one(), try_one());
+        assert_eq!(pool.loops[0].lock().dials, 1);
+        // The next request dials again.
+        try_one().await;
+        assert_eq!(pool.loops[0].lock().dials, 2);
     }
 
     #[tokio::test]
