@@ -7,7 +7,8 @@
 //! request on it wakes no other thread. A request takes the first connection
 //! of its loop with a free stream (`http.maxConcurrentStreams`, unlimited by
 //! default), else dials one; requests that find a dial under way wait for it
-//! rather than each opening a connection of its own. A connection that has
+//! rather than each opening a connection of its own, and fail with its error
+//! if it fails (to be retried on another endpoint). A connection that has
 //! carried `maxRequestsPerConnection` requests or lived past
 //! `maxConnectionDuration` takes no new request and closes once its last
 //! stream is done; one idle for `http.idleTimeout` is closed by

@@ -1700,19 +1700,8 @@ subsets:
     #[test]
     fn health_check_is_http_or_grpc() {
         let hc = |yaml: &str| {
-            let hc: HealthCheck = serde_json::from_value(
-                serde_saphyr::from_str::<serde_json::Value>(yaml).expect("yaml"),
-            )
-            .expect("shape");
-            validate(&RuleSpec {
-                host: "a".into(),
-                traffic_policy: Some(TrafficPolicy {
-                    health_check: Some(hc),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .map(|(r, _)| r.health_check.expect("resolved"))
+            with_traffic_policy(&format!("{{healthCheck: {yaml}}}"))
+                .map(|(r, _)| r.health_check.expect("resolved"))
         };
         let http = hc("{}").expect("valid");
         assert_eq!((http.path.as_str(), http.grpc_service), ("/health", None));
@@ -1727,19 +1716,21 @@ subsets:
         );
     }
 
-    fn with_pool(yaml: &str) -> Result<(Resolved, Vec<String>), FieldError> {
-        let pool: ConnectionPool = serde_json::from_value(
+    /// Validates a rule whose `trafficPolicy` is `yaml`.
+    fn with_traffic_policy(yaml: &str) -> Result<(Resolved, Vec<String>), FieldError> {
+        let tp: TrafficPolicy = serde_json::from_value(
             serde_saphyr::from_str::<serde_json::Value>(yaml).expect("yaml"),
         )
         .expect("shape");
         validate(&RuleSpec {
             host: "a".into(),
-            traffic_policy: Some(TrafficPolicy {
-                connection_pool: Some(pool),
-                ..Default::default()
-            }),
+            traffic_policy: Some(tp),
             ..Default::default()
         })
+    }
+
+    fn with_pool(yaml: &str) -> Result<(Resolved, Vec<String>), FieldError> {
+        with_traffic_policy(&format!("{{connectionPool: {yaml}}}"))
     }
 
     #[test]
