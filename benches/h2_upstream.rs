@@ -15,23 +15,11 @@ mod harness;
 use std::time::Duration;
 
 use harness::*;
+use minimesh_cli::bench::overhead::cpu_ticks;
 
 const ROUNDS: usize = 5;
 const SECONDS: u64 = 8;
 const CLIENTS: usize = 64;
-
-/// User plus system CPU of `pid`, in clock ticks (1/100 s).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime is the
-    // 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
-}
 
 fn service(net: &Net, h2: bool) {
     let yaml = service_yaml("echo", &[(net.ip(1), "echo-0".into())]);

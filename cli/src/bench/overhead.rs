@@ -135,19 +135,25 @@ spec:
       env: {MESSAGE: client}
 ";
 
+/// CPU ticks (user + system, 1/100 s) of process `pid`, from /proc.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat: 12 and 13 after ')'.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// CPU ticks (user + system) and peak RSS (kB) of `pid` and its children.
 fn usage(pid: u32) -> (u64, u64) {
     let mut pids = vec![pid];
     pids.extend(peers::children_of(pid));
     let (mut ticks, mut hwm) = (0, 0);
     for p in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-        if let Some((_, rest)) = stat.rsplit_once(')') {
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // utime and stime are fields 14 and 15 of stat: 12 and 13 after ')'.
-            ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        }
+        ticks += cpu_ticks(p);
         let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
         hwm += status
             .lines()
