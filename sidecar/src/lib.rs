@@ -269,6 +269,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             pool: pool_defaults,
             rule: String::new(),
             protocol: args.app_protocol,
+            local_app: true,
         });
         let table = Routing {
             fallback: Some(app_cluster),

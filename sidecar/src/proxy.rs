@@ -45,6 +45,11 @@ thread_local! {
 pub const ERROR_HEADER: &str = "x-minimesh-error";
 /// Header naming the endpoint that served a proxied response.
 pub const ENDPOINT_HEADER: &str = "x-minimesh-endpoint";
+/// Header on a response minimesh generates itself when no endpoint can have
+/// seen the request (every attempt was refused a connection or a stream, or
+/// none was made): the caller may send it again whatever its method. The
+/// caller's sidecar does, when an endpoint's own sidecar answers so.
+pub const UNPROCESSED_HEADER: &str = "x-minimesh-unprocessed";
 
 /// Body sent upstream.
 pub use crate::pool::UpstreamBody;
@@ -90,10 +95,10 @@ impl Proxy {
             .or(routing.fallback.as_ref())
         else {
             if !self.ready.load(Ordering::Relaxed) {
-                return Ok(local(
+                return Ok(unprocessed(local(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "no config from the control plane yet",
-                ));
+                )));
             }
             let reason = match authority {
                 Some(a) => format!("no route for host {}", a.as_str()),
@@ -314,6 +319,17 @@ async fn forward(
         tape: None,
     };
     let idempotent = crate::h1::idempotent(&parts.method);
+    // Whether an attempt may have reached an app. Until one has, a failure
+    // is answered with UNPROCESSED_HEADER.
+    let mut delivered = false;
+    let fail = |status, reason: &str, delivered: bool| {
+        let r = local(status, reason);
+        if delivered {
+            r
+        } else {
+            unprocessed(r)
+        }
+    };
     let mut last: Option<Arc<EndpointState>> = None;
     let mut last_error = String::new();
     let mut inflight = match admit(cluster) {
@@ -323,7 +339,7 @@ async fn forward(
                 "cluster {} has {max} requests in flight (connectionPool limit)",
                 cluster.name
             );
-            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, &reason);
+            let mut r = unprocessed(local(StatusCode::SERVICE_UNAVAILABLE, &reason));
             if let Ok(v) = HeaderValue::from_str(&format!("max requests {max}")) {
                 r.headers_mut()
                     .insert(HeaderName::from_static(OVERFLOW_HEADER), v);
@@ -339,12 +355,13 @@ async fn forward(
             match admit_retry(cluster) {
                 Ok(g) => retry_slot = g,
                 Err(max) => {
-                    let mut r = local(
+                    let mut r = fail(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &format!(
                             "cluster {} has {max} retries in flight (connectionPool.http.maxRetries); last: {last_error}",
                             cluster.name
                         ),
+                        delivered,
                     );
                     if let Ok(v) = HeaderValue::from_str(&format!("max retries {max}")) {
                         r.headers_mut()
@@ -355,9 +372,10 @@ async fn forward(
             }
         }
         if attempt > 0 && !cluster.budget.try_retry() {
-            return local(
+            return fail(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("retry budget exhausted; last: {last_error}"),
+                delivered,
             );
         }
         // One pick in PICK_SAMPLE is timed: two clock reads cost more than
@@ -373,9 +391,10 @@ async fn forward(
             cluster.pick_ns.0.observe(t.elapsed().as_nanos() as u64);
         }
         let Some(ep) = picked else {
-            return local(
+            return fail(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("no healthy endpoints in cluster {}", cluster.name),
+                delivered,
             );
         };
         if attempt > 0 && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &ep)) {
@@ -403,7 +422,11 @@ async fn forward(
                 )
             });
             if !up.resendable() {
-                return local(StatusCode::BAD_GATEWAY, "request body already sent");
+                return fail(
+                    StatusCode::BAD_GATEWAY,
+                    "request body already sent",
+                    delivered,
+                );
             }
             Attempt::H1(up)
         };
@@ -422,6 +445,7 @@ async fn forward(
                 // A replica that hangs is skipped like one that refuses
                 // connections, with the same backoff, so that first attempts
                 // stop going to it until it answers again.
+                delivered = true;
                 ep.mark_connect_failure();
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} did not answer within the per-try timeout", ep.addr);
@@ -441,18 +465,25 @@ async fn forward(
         match sent {
             Ok(resp)
                 if more
-                    && idempotent
+                    && matches!(resp.status().as_u16(), 502 | 503)
                     && resp.headers().contains_key(ERROR_HEADER)
                     && ((on(cluster, RetryOn::ConnectFailure)
-                        && resp.status() == StatusCode::SERVICE_UNAVAILABLE)
+                        && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                        && (idempotent || resp.headers().contains_key(UNPROCESSED_HEADER)))
                         || (on(cluster, RetryOn::Reset)
+                            && idempotent
                             && resp.status() == StatusCode::BAD_GATEWAY)) =>
             {
                 // The endpoint's own sidecar could not reach its app (503: a
-                // dead or restarting replica), or lost it with the request in
-                // flight (502: the app died mid-request): try another endpoint,
-                // and skip this one for a while as if it had refused the
-                // connection, or every request would pay a retry.
+                // dead or restarting replica; with UNPROCESSED_HEADER the app
+                // never saw the request, so any method may go elsewhere), or
+                // lost it with the request in flight (502: the app died
+                // mid-request): try another endpoint, and skip this one for a
+                // while as if it had refused the connection, or every request
+                // would pay a retry.
+                if !resp.headers().contains_key(UNPROCESSED_HEADER) {
+                    delivered = true;
+                }
                 ep.back_off();
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!(
@@ -470,6 +501,7 @@ async fn forward(
             Ok(resp) if more && h2 && grpc_retriable(cluster, resp.headers()) => {
                 // A gRPC call answered UNAVAILABLE or CANCELLED at once (no
                 // message went back): Istio's `unavailable` and `cancelled`.
+                delivered = true;
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!(
                     "{} answered grpc-status {}",
@@ -488,15 +520,16 @@ async fn forward(
                         || (on(cluster, RetryOn::GatewayError)
                             && matches!(resp.status().as_u16(), 502..=504))) =>
             {
+                delivered = true;
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 outlier_outcome(cluster, &ep, Some(resp.status()));
                 last_error = format!("{} answered {}", ep.addr, resp.status());
                 last = Some(ep);
                 drop(guard);
             }
-            Ok(resp) => {
-                if resp.headers().contains_key(ERROR_HEADER)
-                    && matches!(resp.status().as_u16(), 502 | 503)
+            Ok(mut resp) => {
+                if matches!(resp.status().as_u16(), 502 | 503)
+                    && resp.headers().contains_key(ERROR_HEADER)
                 {
                     // The endpoint's own sidecar answered that its app is
                     // gone, on the last attempt: skip it as a retry would
@@ -504,6 +537,14 @@ async fn forward(
                     ep.back_off();
                 } else {
                     ep.mark_reachable();
+                }
+                // Passed on only from the endpoint's own sidecar (never from
+                // an app) and only when no earlier attempt may have been
+                // processed.
+                if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                    && (delivered || cluster.local_app)
+                {
+                    resp.headers_mut().remove(UNPROCESSED_HEADER);
                 }
                 let now = tokio::time::Instant::now();
                 let now_ms = crate::clock::advance(now);
@@ -558,6 +599,7 @@ async fn forward(
             Err(e) if more && idempotent && on(cluster, RetryOn::Reset) => {
                 // Reset or closed before a response (a replica killed with
                 // the request in flight): safe to resend an idempotent request.
+                delivered = true;
                 debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "request failed in flight; retrying elsewhere");
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} failed: {}", ep.addr, source_chain(&e));
@@ -566,17 +608,28 @@ async fn forward(
             }
             Err(e) => {
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
-                return local(
+                return fail(
                     StatusCode::BAD_GATEWAY,
                     &format!("upstream {} failed: {}", ep.addr, source_chain(&e)),
+                    delivered || !e.is_refused_stream(),
                 );
             }
         }
     }
-    local(
+    fail(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("all {attempts} attempts failed; last: {last_error}"),
+        delivered,
     )
+}
+
+/// Marks a response minimesh generates as one no endpoint has seen.
+fn unprocessed(mut r: Response<ResponseBody>) -> Response<ResponseBody> {
+    r.headers_mut().insert(
+        HeaderName::from_static(UNPROCESSED_HEADER),
+        HeaderValue::from_static("true"),
+    );
+    r
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -88,6 +88,9 @@ pub struct ClusterHandle {
     pub rule: String,
     /// The HTTP version spoken to the endpoints.
     pub protocol: UpstreamProtocol,
+    /// The inbound listener's cluster: its one endpoint is the pod's own
+    /// app, whose responses may not claim to be minimesh's own.
+    pub local_app: bool,
 }
 
 impl ClusterHandle {
@@ -355,6 +358,7 @@ impl Resources {
                     rule: c.rule.clone(),
                     protocol: UpstreamProtocol::try_from(c.upstream_protocol)
                         .unwrap_or(UpstreamProtocol::Http1),
+                    local_app: false,
                 }),
             );
         }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Request};
-use http_body_util::{BodyExt, Empty};
+use http::{header, HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -289,7 +289,7 @@ pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
 /// A keep-alive HTTP/1.1 connection.
 pub struct Conn {
     addr: SocketAddr,
-    sender: Option<SendRequest<Empty<Bytes>>>,
+    sender: Option<SendRequest<Full<Bytes>>>,
 }
 
 impl Conn {
@@ -335,6 +335,25 @@ impl Conn {
         path: &str,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<(u16, Option<String>, String)> {
+        let (status, headers, body) = self
+            .send(Method::GET, host, path, headers, Bytes::new())
+            .await?;
+        let ep = headers
+            .get("x-minimesh-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        Ok((status, ep, body))
+    }
+
+    /// Any request: status, response headers, body.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> anyhow::Result<(u16, HeaderMap, String)> {
         let ready = match self.sender.as_mut() {
             Some(s) => s.ready().await.is_ok(),
             None => false,
@@ -343,11 +362,14 @@ impl Conn {
             self.connect().await?;
         }
         let sender = self.sender.as_mut().expect("connected");
-        let mut req = Request::get(path).header(header::HOST, host);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, host);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let req = req.body(Empty::new())?;
+        let req = req.body(Full::new(body))?;
         let resp = sender.send_request(req).await;
         let resp = match resp {
             Ok(r) => r,
@@ -357,13 +379,13 @@ impl Conn {
             }
         };
         let status = resp.status().as_u16();
-        let ep = resp
-            .headers()
-            .get("x-minimesh-endpoint")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok((status, ep, String::from_utf8_lossy(&body).into_owned()))
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok((
+            status,
+            parts.headers,
+            String::from_utf8_lossy(&body).into_owned(),
+        ))
     }
 }
 

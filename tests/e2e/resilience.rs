@@ -3,6 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Method;
+
 use crate::harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,6 +173,42 @@ async fn an_app_killed_behind_its_sidecar_loses_no_request() {
     assert!(victim > 10, "the victim served only {victim} before dying");
     assert!(c.ok > 300, "too little load: {}", c.ok);
     assert_no_failures(&c, "");
+
+    // A request its app never saw: the dead app's sidecar says so, and a
+    // caller may send it again whatever its method.
+    let post = |i: u32| Bytes::from(format!("order={i}"));
+    let mut direct = Conn::open(net.addr(3, 9090))
+        .await
+        .expect("victim's sidecar");
+    let (status, headers, body) = direct
+        .send(Method::POST, "backend", "/", &[], post(0))
+        .await
+        .expect("an answer");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        headers.get("x-minimesh-unprocessed").map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "{headers:?}"
+    );
+    assert!(body.contains("connect to"), "{body}");
+    // So POSTs are not lost either. A new caller has not yet learnt to skip
+    // the dead pod: some go to it first and are sent on to the others.
+    let _fresh = net.sidecar(101, &[]).await;
+    let mut caller = Conn::open(net.addr(101, 15001)).await.expect("sidecar");
+    for i in 1..=30 {
+        let (status, headers, body) = caller
+            .send(Method::POST, "backend", "/", &[], post(i))
+            .await
+            .expect("an answer");
+        assert_eq!(status, 200, "POST {i}: {body}");
+        let served = headers.get("x-minimesh-endpoint").map(|v| v.as_bytes());
+        assert_ne!(served, Some(net.addr(3, 9090).to_string().as_bytes()));
+    }
+    let v = get_json(net.addr(101, 15000), "/debug/config").await;
+    let retries = v["clusters"]["backend.default.svc.cluster.local:80"]["retries"]
+        .as_u64()
+        .expect("retries");
+    assert!(retries >= 1, "no POST went to the dead pod first: {v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
