@@ -255,7 +255,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 0,
                 vec![(EndpointState::new(app, args.workload.clone()), 1)],
             ),
-            retry_attempts: 2,
+            // No retries to the app: it is the pod's only endpoint, and a
+            // dead one is the caller's sidecar's to route around, at once
+            // (the 503 says whether the app saw the request).
+            retry_attempts: 0,
             timeout: None,
             per_try_timeout: None,
             budget: Arc::new(retry::Budget::new(20, 10)),

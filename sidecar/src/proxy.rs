@@ -616,11 +616,11 @@ async fn forward(
             }
         }
     }
-    fail(
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("all {attempts} attempts failed; last: {last_error}"),
-        delivered,
-    )
+    let reason = match attempts {
+        1 => last_error,
+        n => format!("all {n} attempts failed; last: {last_error}"),
+    };
+    fail(StatusCode::SERVICE_UNAVAILABLE, &reason, delivered)
 }
 
 /// Marks a response minimesh generates as one no endpoint has seen.
