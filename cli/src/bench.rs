@@ -222,6 +222,7 @@ async fn start_mesh(
         network: args.network,
         ingress: args.ingress,
         sidecar_worker_threads: None,
+        restart_after: crate::mesh::RestartAfter(None),
     };
     Mesh::start(&home.join("bench"), &up)
         .await

@@ -60,6 +60,7 @@ pub async fn run(home: PathBuf, args: DemoArgs) -> anyhow::Result<()> {
         network: args.network,
         ingress: args.ingress,
         sidecar_worker_threads: None,
+        restart_after: crate::mesh::RestartAfter(None),
     };
     let mesh = Mesh::start(&home, &up).await?;
     print_summary(&mesh.state);

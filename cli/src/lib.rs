@@ -7,6 +7,7 @@ pub mod bench;
 pub mod demo;
 pub mod get;
 pub mod http;
+pub mod kill;
 pub mod load;
 pub mod mesh;
 pub mod top;
@@ -118,6 +119,8 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     /// Show rules, endpoints or proxies of the running mesh.
     Get(get::GetArgs),
+    /// Kill (or hang) a pod or process of the running mesh, to watch the mesh route around it.
+    Kill(kill::KillArgs),
     /// Live load per service and endpoint, as every sidecar reports it.
     Top(top::TopArgs),
     /// Bring the demo mesh up, try each example policy under load, print the results, stop.
@@ -133,7 +136,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Apply(_) | Command::Get(_) | Command::Top(_) | Command::Crds
+        Command::Apply(_) | Command::Get(_) | Command::Top(_) | Command::Kill(_) | Command::Crds
     ) {
         init_tracing_quiet();
     }
@@ -145,6 +148,13 @@ pub fn main() -> ExitCode {
         Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
         Command::Top(a) => block_on("minimesh top", top::run(home, a)),
         Command::Bench(a) => block_on("minimesh bench", bench::run(home, a)),
+        Command::Kill(a) => match kill::run(home, a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("minimesh kill: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Crds => {
             print!("{}", minimesh_control_plane::config::crd::crd_yaml());
             ExitCode::SUCCESS

@@ -3,7 +3,8 @@
 //! control plane watches a config directory into which this module writes the
 //! Service and EndpointSlice files a cluster would produce.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,22 @@ pub struct UpArgs {
     /// Event loops of each sidecar (its `--worker-threads`; default 1).
     #[arg(long)]
     pub sidecar_worker_threads: Option<usize>,
+    /// Start a process that exited (killed, crashed, `minimesh kill`) again
+    /// after this long, as a kubelet restarts a container (its first
+    /// back-off is 10s); `never` leaves it down.
+    #[arg(long, default_value = "10s", value_parser = restart_after)]
+    pub restart_after: RestartAfter,
+}
+
+/// When `minimesh up` starts an exited process again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartAfter(pub Option<Duration>);
+
+fn restart_after(s: &str) -> Result<RestartAfter, String> {
+    if s == "never" {
+        return Ok(RestartAfter(None));
+    }
+    minimesh_control_plane::duration(s).map(|d| RestartAfter(Some(d)))
 }
 
 /// Set on every process `minimesh up` starts: the process exits when its
@@ -100,6 +117,14 @@ pub struct MeshState {
     pub pods: Vec<Pod>,
     /// Process id of `minimesh up`.
     pub pid: u32,
+    /// Process ids by process name (`control-plane`, `ingress-gateway`,
+    /// `<pod>.app`, `<pod>.sidecar`), as last started.
+    #[serde(default)]
+    pub pids: BTreeMap<String, u32>,
+    /// How long after a process exits `minimesh up` starts it again, in
+    /// milliseconds (None: never).
+    #[serde(default)]
+    pub restart_after_ms: Option<u64>,
 }
 
 impl MeshState {
@@ -125,7 +150,23 @@ pub struct Mesh {
     pub state: MeshState,
     /// State directory.
     pub home: PathBuf,
-    children: Vec<(String, Child)>,
+    children: Vec<Process>,
+    /// Services as the topology declares them: name, port, target port.
+    services: Vec<(String, u16, u16)>,
+    /// Pods whose endpoint is published as not ready: one of their
+    /// processes exited, and they have not passed their checks since.
+    not_ready: BTreeSet<String>,
+}
+
+/// A process of the mesh, and how to start it again.
+struct Process {
+    name: String,
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    child: Child,
+    /// When it was seen to have exited (None: running).
+    exited: Option<tokio::time::Instant>,
 }
 
 /// Finds a sibling binary of the running `minimesh`.
@@ -212,11 +253,20 @@ impl Mesh {
                 .map(|_| SocketAddr::from((offset(net, 253), SIDECAR_ADMIN_PORT))),
             pods: pods.iter().map(|(p, _)| p.clone()).collect(),
             pid: std::process::id(),
+            pids: BTreeMap::new(),
+            restart_after_ms: args.restart_after.0.map(|d| d.as_millis() as u64),
         };
         let mut mesh = Mesh {
             state,
             home: home.to_path_buf(),
             children: Vec::new(),
+            services: topo
+                .spec
+                .services
+                .iter()
+                .map(|s| (s.name.clone(), s.port, s.target_port))
+                .collect(),
+            not_ready: BTreeSet::new(),
         };
         // Services first (no endpoints yet), so that routes exist from the start.
         for svc in &topo.spec.services {
@@ -341,18 +391,47 @@ impl Mesh {
             let path = base.join(rule);
             crate::apply::apply_file(&mesh.state, &path)?;
         }
-        std::fs::write(
-            home.join("mesh.json"),
-            serde_json::to_string_pretty(&mesh.state)?,
-        )?;
+        mesh.write_state()?;
         wait_endpoints(&mesh.state, mesh.state.pods.len(), Duration::from_secs(10)).await?;
         wait_converged(&mesh.state, Duration::from_secs(20)).await?;
         Ok(mesh)
     }
 
     fn spawn(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+        let std = cmd.as_std();
+        let program = std.get_program().to_owned();
+        let args = std.get_args().map(|a| a.to_owned()).collect();
+        let env = std
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+            .collect();
+        let child = self.start_process(name, cmd, false)?;
+        self.children.push(Process {
+            name: name.to_string(),
+            program,
+            args,
+            env,
+            child,
+            exited: None,
+        });
+        Ok(())
+    }
+
+    /// Starts `cmd` as the process `name`, its output to its log (appended
+    /// to when it is started again).
+    fn start_process(
+        &mut self,
+        name: &str,
+        cmd: &mut Command,
+        again: bool,
+    ) -> anyhow::Result<Child> {
         let log_path = self.home.join("logs").join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path)
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(again)
+            .truncate(!again)
+            .open(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         let err = log.try_clone()?;
         let child = cmd
@@ -363,24 +442,134 @@ impl Mesh {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        self.children.push((name.to_string(), child));
-        Ok(())
+        if let Some(pid) = child.id() {
+            self.state.pids.insert(name.to_string(), pid);
+        }
+        Ok(child)
+    }
+
+    /// Writes `<home>/mesh.json`, which `minimesh get`, `apply` and `kill` read.
+    fn write_state(&self) -> anyhow::Result<()> {
+        write_atomic(
+            &self.home.join("mesh.json"),
+            &serde_json::to_string_pretty(&self.state)?,
+        )
     }
 
     /// A process that exited, with its status, if any did.
     pub fn exited(&mut self) -> Option<String> {
-        for (name, child) in &mut self.children {
-            if let Ok(Some(status)) = child.try_wait() {
+        for p in &mut self.children {
+            if let Ok(Some(status)) = p.child.try_wait() {
                 return Some(format!(
-                    "{name} exited ({status}); see {}",
-                    self.home.join("logs").join(format!("{name}.log")).display()
+                    "{} exited ({status}); see {}",
+                    p.name,
+                    self.home
+                        .join("logs")
+                        .join(format!("{}.log", p.name))
+                        .display()
                 ));
             }
         }
         None
     }
 
-    /// Writes the Service and EndpointSlice of a service (all its pods ready, or none listed).
+    /// Plays the kubelet and the endpoint controller, once: a process that
+    /// exited is reported and its pod's endpoint published as not ready; it
+    /// is started again after the restart delay; a pod whose processes all
+    /// run and pass their checks is published as ready again. Returns what
+    /// happened, a line each.
+    pub async fn supervise(&mut self) -> anyhow::Result<Vec<String>> {
+        let mut said = Vec::new();
+        let mut changed = BTreeSet::new();
+        let mut restarted = false;
+        let now = tokio::time::Instant::now();
+        let delay = self.state.restart_after_ms.map(Duration::from_millis);
+        for i in 0..self.children.len() {
+            let p = &mut self.children[i];
+            let pod = p.name.rsplit_once('.').map(|(pod, _)| pod.to_string());
+            match p.exited {
+                None => {
+                    let Ok(Some(status)) = p.child.try_wait() else {
+                        continue;
+                    };
+                    p.exited = Some(now);
+                    let then = match delay {
+                        Some(d) => format!("starting it again in {d:?}"),
+                        None => "not starting it again (--restart-after never)".to_string(),
+                    };
+                    let mut line = format!("{} exited ({status}); {then}", p.name);
+                    if let Some(pod) = pod {
+                        if let Some(svc) = self.state.pods.iter().find(|q| q.name == pod) {
+                            let _ = write!(
+                                line,
+                                "; endpoint {}:{} of {} not ready",
+                                svc.ip, svc.port, svc.service
+                            );
+                            changed.insert(svc.service.clone());
+                            self.not_ready.insert(pod);
+                        }
+                    }
+                    said.push(line);
+                }
+                Some(at) if delay.is_some_and(|d| now.duration_since(at) >= d) => {
+                    let mut cmd = Command::new(&p.program);
+                    cmd.args(&p.args).envs(p.env.iter().map(|(k, v)| (k, v)));
+                    let name = p.name.clone();
+                    let child = self.start_process(&name, &mut cmd, true)?;
+                    let pid = child.id().unwrap_or_default();
+                    let p = &mut self.children[i];
+                    p.child = child;
+                    p.exited = None;
+                    restarted = true;
+                    said.push(format!("{name} started again (pid {pid})"));
+                }
+                Some(_) => {}
+            }
+        }
+        // Ready again once every process of the pod runs and passes its check.
+        let waiting: Vec<String> = self.not_ready.iter().cloned().collect();
+        for pod in waiting {
+            let running = self
+                .children
+                .iter()
+                .filter(|p| p.name.rsplit_once('.').is_some_and(|(q, _)| q == pod))
+                .all(|p| p.exited.is_none());
+            let Some(p) = self.state.pods.iter().find(|p| p.name == pod).cloned() else {
+                continue;
+            };
+            if running
+                && matches!(
+                    http::get(&p.app().to_string(), "/health").await,
+                    Ok((200, _))
+                )
+                && matches!(
+                    http::get(&p.admin().to_string(), "/ready").await,
+                    Ok((200, _))
+                )
+            {
+                self.not_ready.remove(&pod);
+                changed.insert(p.service.clone());
+                said.push(format!(
+                    "{pod} is ready: endpoint {}:{} of {} ready again",
+                    p.ip, p.port, p.service
+                ));
+            }
+        }
+        for name in changed {
+            if let Some((_, port, target)) =
+                self.services.iter().find(|(n, _, _)| *n == name).cloned()
+            {
+                self.write_service(&name, port, target, true)?;
+            }
+        }
+        if restarted {
+            self.write_state()?;
+        }
+        Ok(said)
+    }
+
+    /// Writes the Service and EndpointSlice of a service: its pods, ready but
+    /// for those in `not_ready`, or none listed.
     pub fn write_service(
         &self,
         name: &str,
@@ -403,9 +592,10 @@ impl Mesh {
         } else {
             y.push('\n');
             for p in pods {
+                let ready = !self.not_ready.contains(&p.name);
                 let _ = write!(
                     y,
-                    "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  targetRef: {{kind: Pod, name: {}, namespace: {ns}}}\n  zone: {}\n",
+                    "- addresses: [\"{}\"]\n  conditions: {{ready: {ready}, serving: {ready}, terminating: false}}\n  targetRef: {{kind: Pod, name: {}, namespace: {ns}}}\n  zone: {}\n",
                     p.ip, p.name, p.zone
                 );
             }
@@ -423,39 +613,33 @@ impl Mesh {
     /// Sends `signal` (`KILL`, `STOP`, `CONT`, …) to the process `name`
     /// (`<pod>.app`, `<pod>.sidecar`, `control-plane`, `ingress-gateway`).
     pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
-        let (_, child) = self
+        let p = self
             .children
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|p| p.name == name)
             .ok_or_else(|| anyhow!("no process {name} in the mesh"))?;
-        let pid = child
+        let pid = p
+            .child
             .id()
             .ok_or_else(|| anyhow!("{name} has already exited"))?;
-        let status = std::process::Command::new("kill")
-            .args(["-s", signal, &pid.to_string()])
-            .status()
-            .context("running kill")?;
-        if !status.success() {
-            bail!("kill -s {signal} {pid} ({name}) failed: {status}");
-        }
-        Ok(())
+        send_signal(pid, signal, name)
     }
 
     /// The process id of `name`, while it runs.
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.children
             .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, c)| c.id())
+            .find(|p| p.name == name)
+            .and_then(|p| p.child.id())
     }
 
     /// Kills every process and waits for them.
     pub async fn stop(mut self) {
-        for (_, c) in &mut self.children {
-            let _ = c.start_kill();
+        for p in &mut self.children {
+            let _ = p.child.start_kill();
         }
-        for (_, c) in &mut self.children {
-            let _ = c.wait().await;
+        for p in &mut self.children {
+            let _ = p.child.wait().await;
         }
         let _ = std::fs::remove_file(self.home.join("mesh.json"));
     }
@@ -571,9 +755,10 @@ pub async fn up(home: PathBuf, args: UpArgs) -> anyhow::Result<()> {
     let result = loop {
         tokio::select! {
             _ = minimesh_control_plane::shutdown_signal() => break Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(exit) = mesh.exited() {
-                    break Err(anyhow!("{exit}"));
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                match mesh.supervise().await {
+                    Ok(said) => said.iter().for_each(|l| println!("{l}")),
+                    Err(e) => break Err(e),
                 }
             }
         }
@@ -610,5 +795,25 @@ pub fn print_summary(s: &MeshState) {
         }
     }
     println!("  config dir      {}", s.config_dir.display());
+    match s.restart_after_ms {
+        Some(ms) => println!(
+            "A process that exits is started again after {}s (--restart-after); try `minimesh kill POD`.",
+            ms as f64 / 1000.0
+        ),
+        None => println!("A process that exits stays down (--restart-after never); try `minimesh kill POD`."),
+    }
     println!("Ctrl-C stops everything.");
+}
+
+/// Sends `signal` to `pid` (the process `name`) with kill(1).
+pub fn send_signal(pid: u32, signal: &str, name: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill -s {signal} {pid} ({name}) failed: {status}");
+    }
+    Ok(())
 }

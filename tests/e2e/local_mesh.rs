@@ -12,6 +12,11 @@ fn repo() -> std::path::PathBuf {
 /// Runs `minimesh up TOPOLOGY` on `net` (home `net.dir/home`) until it
 /// says the mesh is up.
 async fn up(net: &Net, topology: &str, ingress: std::net::SocketAddr) -> Proc {
+    up_with(net, topology, ingress, &[]).await
+}
+
+/// The same, with more `minimesh up` flags.
+async fn up_with(net: &Net, topology: &str, ingress: std::net::SocketAddr, extra: &[&str]) -> Proc {
     let home = path_str(&net.dir.join("home"));
     let mut up = Proc {
         name: "minimesh up".into(),
@@ -27,6 +32,7 @@ async fn up(net: &Net, topology: &str, ingress: std::net::SocketAddr) -> Proc {
                 "--ingress",
                 &ingress.to_string(),
             ])
+            .args(extra)
             .stdout(std::fs::File::create(net.dir.join("logs/up.log")).expect("log"))
             .stderr(Stdio::inherit())
             .spawn()
@@ -276,4 +282,117 @@ async fn zones_topology_keeps_simple_web_in_its_zone() {
         2,
         "{text}"
     );
+}
+
+/// Runs `minimesh --home HOME kill ARGS…`: exit success, stdout, stderr.
+fn kill(net: &Net, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin("minimesh"))
+        .args(["--home", &path_str(&net.dir.join("home")), "kill"])
+        .args(args)
+        .output()
+        .expect("minimesh kill");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until `minimesh up` has printed `line`.
+async fn printed(up: &mut Proc, line: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !up.log_text().contains(line) {
+        up.assert_running();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "minimesh up never printed {line:?}: {}",
+            up.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimesh_kill_takes_a_pod_down_under_load_and_up_brings_it_back() {
+    let net = Net::new(28);
+    let ingress = net.addr(250, 30000);
+    let mut up = up_with(
+        &net,
+        "examples/local/topology.yaml",
+        ingress,
+        &["--restart-after", "1s"],
+    )
+    .await;
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(net.dir.join("home/mesh.json")).expect("mesh.json"),
+    )
+    .expect("json");
+    let pid = |name: &str| state["pids"][name].as_u64().expect("pid") as u32;
+    let (app, sidecar) = (
+        pid("simple-backend-1-0.app"),
+        pid("simple-backend-1-0.sidecar"),
+    );
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    assert!(alive(app) && alive(sidecar));
+
+    let load = Background::start(ingress, "simple-web.istioinaction.io", 4);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ok, out, err) = kill(&net, &["simple-backend-1-0"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "sent SIGKILL to simple-backend-1-0.app (pid {app})\n\
+             sent SIGKILL to simple-backend-1-0.sidecar (pid {sidecar})\n\
+             minimesh up publishes its endpoint as not ready, starts it again after 1s, and ready once it passes its checks\n"
+        )
+    );
+    let endpoint = format!("{}:9090", net.ip(2));
+    printed(
+        &mut up,
+        &format!("simple-backend-1-0.app exited (signal: 9 (SIGKILL)); starting it again in 1s; endpoint {endpoint} of simple-backend not ready"),
+    )
+    .await;
+    assert!(!alive(app) && !alive(sidecar));
+    // The control plane publishes it as such: no sidecar sends it requests.
+    let slice = std::fs::read_to_string(net.dir.join("home/config/services/simple-backend.yaml"))
+        .expect("slice");
+    assert_eq!(slice.matches("ready: false").count(), 1, "{slice}");
+    printed(&mut up, "simple-backend-1-0.app started again (pid ").await;
+    printed(
+        &mut up,
+        &format!("simple-backend-1-0 is ready: endpoint {endpoint} of simple-backend ready again"),
+    )
+    .await;
+    let c = load.finish().await;
+    assert!(c.ok > 20, "too little load: {c:?}");
+    assert_no_failures(&c, "");
+    // Back in service, under its new process ids.
+    let seen = backends_seen(ingress, 30).await;
+    assert!(seen.contains_key("Hello from simple-backend-1"), "{seen:?}");
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(net.dir.join("home/mesh.json")).expect("mesh.json"),
+    )
+    .expect("json");
+    let again = state["pids"]["simple-backend-1-0.app"]
+        .as_u64()
+        .expect("pid") as u32;
+    assert!(again != app && alive(again));
+
+    // Bad targets get the reason, and nothing is signalled.
+    let (ok, out, err) = kill(&net, &["simple-backend-9"]);
+    assert!(!ok && out.is_empty());
+    assert_eq!(
+        err,
+        "minimesh kill: no pod or process simple-backend-9 in mesh istioinaction: pods are \
+         simple-web-0, simple-backend-1-0, simple-backend-2-0, simple-backend-2-1; processes are \
+         control-plane, ingress-gateway, and <pod>.app, <pod>.sidecar\n"
+    );
+    let (ok, _, err) = kill(&net, &["control-plane", "--app"]);
+    assert!(!ok);
+    assert_eq!(
+        err,
+        "minimesh kill: --app takes a pod name; control-plane is a process\n"
+    );
+    up.assert_running();
 }
