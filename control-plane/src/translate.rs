@@ -227,6 +227,8 @@ pub fn translate(
                 cluster.outlier_detection = res.outlier.as_ref().map(|o| v1::OutlierDetection {
                     consecutive_5xx: o.consecutive_5xx,
                     consecutive_gateway_errors: o.consecutive_gateway,
+                    split_local_origin: o.split_local_origin,
+                    consecutive_local_origin: o.consecutive_local_origin,
                     base_ejection_ms: o.base_ejection.as_millis() as u64,
                     max_ejection_percent: o.max_ejection_percent,
                     min_health_percent: o.min_health_percent,

@@ -127,6 +127,16 @@ fn config(admin: &Admin) -> serde_json::Value {
                     "local_zone_endpoints": c.balancer.local_endpoints().map(|l| {
                         l.iter().map(|e| e.addr.to_string()).collect::<Vec<_>>()
                     }),
+                    // What outlier detection enforces (null: off).
+                    "outlier_detection": c.outlier.as_ref().map(|o| json!({
+                        "consecutive_5xx": o.consecutive_5xx,
+                        "consecutive_gateway_errors": o.consecutive_gateway_errors,
+                        "split_local_origin": o.split_local_origin,
+                        "consecutive_local_origin": o.consecutive_local_origin,
+                        "base_ejection_ms": o.base_ejection_ms,
+                        "max_ejection_percent": o.max_ejection_percent,
+                        "min_health_percent": o.min_health_percent,
+                    })),
                     "retries": c.budget.retried.load(Ordering::Relaxed),
                     "retry_budget_exhausted": c.budget.exhausted.load(Ordering::Relaxed),
                 }),

@@ -70,8 +70,11 @@ pub struct EndpointState {
     pub counters: Counters,
     /// Consecutive 5xx responses (outlier detection).
     pub consecutive_5xx: AtomicU32,
-    /// Consecutive gateway errors: 502/503/504 and failed connections.
+    /// Consecutive gateway errors: 502/503/504, and local-origin failures
+    /// unless the rule splits them off.
     pub consecutive_gateway: AtomicU32,
+    /// Consecutive local-origin failures (outlier detection, when split).
+    pub consecutive_local: AtomicU32,
     /// Ejected by outlier detection until this [`clock::now_ms`] value.
     pub ejected_until_ms: AtomicU64,
     /// When the endpoint joined its cluster ([`clock::precise_ms`]); 0 for
@@ -108,6 +111,7 @@ impl EndpointState {
             counters: Counters::default(),
             consecutive_5xx: AtomicU32::new(0),
             consecutive_gateway: AtomicU32::new(0),
+            consecutive_local: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
             joined_ms: AtomicU64::new(clock::precise_ms()),

@@ -447,6 +447,7 @@ async fn forward(
                 // stop going to it until it answers again.
                 delivered = true;
                 ep.mark_connect_failure();
+                outlier_outcome(cluster, &ep, Outcome::TimedOut);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} did not answer within the per-try timeout", ep.addr);
                 if more
@@ -485,6 +486,7 @@ async fn forward(
                     delivered = true;
                 }
                 ep.back_off();
+                outlier_outcome(cluster, &ep, Outcome::Status(resp.status()));
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!(
                     "{} answered {}: {}",
@@ -522,7 +524,7 @@ async fn forward(
             {
                 delivered = true;
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
-                outlier_outcome(cluster, &ep, Some(resp.status()));
+                outlier_outcome(cluster, &ep, Outcome::Status(resp.status()));
                 last_error = format!("{} answered {}", ep.addr, resp.status());
                 last = Some(ep);
                 drop(guard);
@@ -560,7 +562,7 @@ async fn forward(
                 } else {
                     c.succeeded.fetch_add(1, Ordering::Relaxed);
                 }
-                outlier_outcome(cluster, &ep, Some(resp.status()));
+                outlier_outcome(cluster, &ep, Outcome::Status(resp.status()));
                 let (mut rp, rb) = resp.into_parts();
                 strip_hop_by_hop(&mut rp.headers);
                 rp.headers
@@ -577,7 +579,7 @@ async fn forward(
             Err(e) if e.is_connect() => {
                 debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "connect failed; retrying elsewhere");
                 ep.mark_connect_failure();
-                outlier_outcome(cluster, &ep, None);
+                outlier_outcome(cluster, &ep, Outcome::Failed);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("connect to {} failed: {}", ep.addr, source_chain(&e));
                 last = Some(ep);
@@ -591,6 +593,7 @@ async fn forward(
             Err(e) if more && e.is_refused_stream() && on(cluster, RetryOn::RefusedStream) => {
                 // The endpoint refused the HTTP/2 stream: it processed
                 // nothing, so any request may go elsewhere.
+                outlier_outcome(cluster, &ep, Outcome::Failed);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} refused the stream: {}", ep.addr, source_chain(&e));
                 last = Some(ep);
@@ -600,6 +603,7 @@ async fn forward(
                 // Reset or closed before a response (a replica killed with
                 // the request in flight): safe to resend an idempotent request.
                 delivered = true;
+                outlier_outcome(cluster, &ep, Outcome::Failed);
                 debug!(endpoint = %ep.addr, cluster = %cluster.name, error = %e, "request failed in flight; retrying elsewhere");
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} failed: {}", ep.addr, source_chain(&e));
@@ -607,6 +611,7 @@ async fn forward(
                 drop(guard);
             }
             Err(e) => {
+                outlier_outcome(cluster, &ep, Outcome::Failed);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 return fail(
                     StatusCode::BAD_GATEWAY,
@@ -841,32 +846,61 @@ pub const OVERFLOW_HEADER: &str = "x-minimesh-overflow";
 
 /// Counts the outcome for outlier detection and ejects the endpoint when it
 /// crossed a consecutive-error threshold.
-fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, status: Option<StatusCode>) {
-    let server_error = status.is_none_or(|s| s.is_server_error());
-    let gateway = status.is_none_or(|s| matches!(s.as_u16(), 502..=504));
-    if !server_error {
-        if ep.consecutive_5xx.load(Ordering::Relaxed) != 0
-            || ep.consecutive_gateway.load(Ordering::Relaxed) != 0
-        {
-            ep.consecutive_5xx.store(0, Ordering::Relaxed);
-            ep.consecutive_gateway.store(0, Ordering::Relaxed);
+/// What an attempt came to, for outlier detection.
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    /// The endpoint answered with this status.
+    Status(StatusCode),
+    /// A local-origin failure: no connection, or the connection or stream
+    /// reset or closed before the response.
+    Failed,
+    /// A local-origin failure: no response within the per-try timeout.
+    TimedOut,
+}
+
+/// Counts an attempt's outcome towards its endpoint's outlier detection, as
+/// Envoy does: unless the rule splits them off, local-origin failures count
+/// as the 503 (504 for a timeout) Envoy maps them to, towards both the 5xx
+/// and the gateway-error thresholds; split, they count only towards
+/// `consecutiveLocalOriginFailures`, which any response resets.
+fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
+    let status = match outcome {
+        Outcome::Status(s) => s,
+        Outcome::Failed => StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+    };
+    let local = !matches!(outcome, Outcome::Status(_));
+    if !status.is_server_error() {
+        for c in [
+            &ep.consecutive_5xx,
+            &ep.consecutive_gateway,
+            &ep.consecutive_local,
+        ] {
+            if c.load(Ordering::Relaxed) != 0 {
+                c.store(0, Ordering::Relaxed);
+            }
         }
         return;
     }
     let Some(od) = &cluster.outlier else { return };
-    // Connection failures (status None) count as gateway errors only, as Envoy's do.
-    let c5 = if status.is_some() {
-        ep.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1
+    let tripped = if local && od.split_local_origin {
+        let cl = ep.consecutive_local.fetch_add(1, Ordering::Relaxed) + 1;
+        od.consecutive_local_origin > 0 && cl >= od.consecutive_local_origin
     } else {
-        0
+        if !local && od.split_local_origin {
+            // The endpoint answered: its connection works.
+            ep.consecutive_local.store(0, Ordering::Relaxed);
+        }
+        let c5 = ep.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1;
+        let cg = if matches!(status.as_u16(), 502..=504) {
+            ep.consecutive_gateway.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            ep.consecutive_gateway.store(0, Ordering::Relaxed);
+            0
+        };
+        (od.consecutive_5xx > 0 && c5 >= od.consecutive_5xx)
+            || (od.consecutive_gateway_errors > 0 && cg >= od.consecutive_gateway_errors)
     };
-    let cg = if gateway {
-        ep.consecutive_gateway.fetch_add(1, Ordering::Relaxed) + 1
-    } else {
-        0
-    };
-    let tripped = (od.consecutive_5xx > 0 && c5 >= od.consecutive_5xx)
-        || (od.consecutive_gateway_errors > 0 && cg >= od.consecutive_gateway_errors);
     if !tripped || ep.is_ejected() {
         return;
     }
@@ -885,7 +919,8 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, status: Option<S
         .store(crate::clock::precise_ms() + ms, Ordering::Relaxed);
     ep.consecutive_5xx.store(0, Ordering::Relaxed);
     ep.consecutive_gateway.store(0, Ordering::Relaxed);
-    info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = ms, times, "endpoint ejected by outlier detection");
+    ep.consecutive_local.store(0, Ordering::Relaxed);
+    info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = ms, times, ?outcome, "endpoint ejected by outlier detection");
 }
 
 impl Body for Tracked {

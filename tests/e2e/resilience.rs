@@ -495,3 +495,85 @@ async fn clients_that_send_no_request_are_closed_but_slow_responses_are_not() {
         "closed after {after:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_eject_a_slow_replica_and_split_local_origin_errors_count_apart() {
+    // Two services of two replicas, the second of each answering after 5 s,
+    // past a 100 ms perTryTimeout: every attempt on it times out and goes
+    // to the other replica.
+    let net = Net::new(29);
+    let mut procs = Vec::new();
+    for h in 1..=4u8 {
+        let latency = if h % 2 == 0 { "5s" } else { "1ms" };
+        procs.push(
+            net.backend(
+                h,
+                &[("TIMING_50_PERCENTILE", latency), ("TIMING_VARIANCE", "0")],
+            )
+            .await,
+        );
+    }
+    net.service("plain", &[1, 2]);
+    net.service("split", &[3, 4]);
+    let rule = |service: &str, outlier: &str| {
+        net.write(
+            &format!("{service}.yaml"),
+            &format!(
+                "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: {service}-dr}}\nspec:\n  host: {service}\n  trafficPolicy:\n    loadBalancer: {{simple: ROUND_ROBIN}}\n    retries: {{attempts: 2, perTryTimeout: 100ms}}\n    outlierDetection: {{maxEjectionPercent: 50, baseEjectionTime: 60s, {outlier}}}\n"
+            ),
+        )
+    };
+    // As Envoy: a timed-out attempt counts as a 504.
+    rule("plain", "consecutive5xxErrors: 2");
+    // Split: timeouts count only towards consecutiveLocalOriginFailures.
+    rule(
+        "split",
+        "consecutive5xxErrors: 1, splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 1000",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    let proxy = net.addr(100, 15001);
+    let slow_of = |v: &serde_json::Value, service: &str, slow: u8| {
+        let addr = net.addr(slow, 9090).to_string();
+        v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["endpoints"]
+            .as_array()
+            .and_then(|eps| eps.iter().find(|e| e["address"] == addr.as_str()))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let drive = |secs: u64| async move {
+        let mut conn = Conn::open(proxy).await.expect("connect");
+        let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while tokio::time::Instant::now() < until {
+            for host in ["plain", "split"] {
+                let (status, _, body) = conn.get(host, "/").await.expect("an answer");
+                assert_eq!(status, 200, "{host}: {body}");
+            }
+        }
+    };
+    drive(3).await;
+    let v = get_json(admin, "/debug/config").await;
+    let (plain, split) = (slow_of(&v, "plain", 2), slow_of(&v, "split", 4));
+    assert_eq!(plain["ejected"], true, "timeouts did not eject it: {plain}");
+    assert_eq!(split["ejected"], false, "{split}");
+    assert!(
+        split["requests"].as_u64().unwrap_or(0) >= 2,
+        "the slow replica was tried too little to tell: {split}"
+    );
+
+    // The split detector's own threshold ejects it.
+    rule(
+        "split",
+        "consecutive5xxErrors: 1, splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 2",
+    );
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        v["clusters"][format!("split.{NS}.svc.cluster.local:80")]["outlier_detection"]
+            ["consecutive_local_origin"]
+            == 2
+    })
+    .await;
+    drive(3).await;
+    let split = slow_of(&get_json(admin, "/debug/config").await, "split", 4);
+    assert_eq!(split["ejected"], true, "{split}");
+}

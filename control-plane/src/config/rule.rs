@@ -243,7 +243,7 @@ pub struct OutlierDetection {
     /// Consecutive 5xx responses that eject an endpoint (default 5; 0 = off).
     #[serde(default, rename = "consecutive5xxErrors")]
     pub consecutive_5xx_errors: Option<u32>,
-    /// Consecutive 502/503/504 (and failed connections) that eject (default off).
+    /// Consecutive 502/503/504 (and local-origin failures, unless split) that eject (default off).
     #[serde(default)]
     pub consecutive_gateway_errors: Option<u32>,
     /// Istio's analysis interval (default 10s); consecutive-error detection acts at once.
@@ -262,10 +262,13 @@ pub struct OutlierDetection {
     /// `consecutive5xxErrors: 0`, as Istio does, unless either is set.
     #[serde(default)]
     pub consecutive_errors: Option<u32>,
-    /// Accepted, not enforced: local-origin failures count with the others.
+    /// Count local-origin failures (refused or failed connections, resets,
+    /// timeouts) apart, against `consecutiveLocalOriginFailures`, instead of
+    /// as 503/504 responses (default false).
     #[serde(default)]
     pub split_external_local_origin_errors: Option<bool>,
-    /// Accepted, not enforced (see `splitExternalLocalOriginErrors`).
+    /// With `splitExternalLocalOriginErrors`: consecutive local-origin
+    /// failures that eject (default 5; 0 = off).
     #[serde(default)]
     pub consecutive_local_origin_failures: Option<u32>,
 }
@@ -277,6 +280,10 @@ pub struct Outlier {
     pub consecutive_5xx: u32,
     /// Consecutive gateway errors to eject (0 = off).
     pub consecutive_gateway: u32,
+    /// Local-origin failures count apart (else as 503/504 responses).
+    pub split_local_origin: bool,
+    /// Consecutive local-origin failures to eject, when split (0 = off).
+    pub consecutive_local_origin: u32,
     /// Base ejection time.
     pub base_ejection: Duration,
     /// Max ejected percent.
@@ -874,25 +881,17 @@ fn resolve(
                 ));
             }
         }
-        for (set, field) in [
-            (
-                od.split_external_local_origin_errors.is_some(),
-                "splitExternalLocalOriginErrors",
-            ),
-            (
-                od.consecutive_local_origin_failures.is_some(),
-                "consecutiveLocalOriginFailures",
-            ),
-        ] {
-            if set {
-                warnings.push(format!(
-                    "{od_at}.{field}: accepted but not enforced; failed connections count as gateway errors and reset or timed-out requests as neither"
-                ));
-            }
+        let split_local_origin = od.split_external_local_origin_errors.unwrap_or(false);
+        if od.consecutive_local_origin_failures.is_some() && !split_local_origin {
+            warnings.push(format!(
+                "{od_at}.consecutiveLocalOriginFailures: has no effect without splitExternalLocalOriginErrors: true (local-origin failures count as 503/504 responses)"
+            ));
         }
         resolved.outlier = Some(Outlier {
             consecutive_5xx,
             consecutive_gateway,
+            split_local_origin,
+            consecutive_local_origin: od.consecutive_local_origin_failures.unwrap_or(5),
             base_ejection,
             max_ejection_percent: od.max_ejection_percent.unwrap_or(10),
             min_health_percent: od.min_health_percent.unwrap_or(0),
@@ -1563,7 +1562,6 @@ subsets:
             [
                 "spec.subsets",
                 "spec.workloadSelector",
-                "spec.trafficPolicy.outlierDetection.splitExternalLocalOriginErrors",
                 "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures",
                 "spec.trafficPolicy.connectionPool.tcp.idleTimeout",
                 "spec.trafficPolicy.connectionPool.tcp.tcpKeepalive",
@@ -1669,7 +1667,7 @@ subsets:
     fn istio_connection_lifetime_and_outlier_fields_are_read_or_reported() {
         let (r, warnings) = with_policy(
             "{connectionPool: {tcp: {maxConnectionDuration: 30s, idleTimeout: 0s}},
-              outlierDetection: {consecutiveErrors: 3, splitExternalLocalOriginErrors: true}}",
+              outlierDetection: {consecutiveErrors: 3, consecutiveLocalOriginFailures: 2}}",
         )
         .expect("valid");
         assert_eq!(r.max_connection_duration, Some(Duration::from_secs(30)));
@@ -1679,10 +1677,28 @@ subsets:
             warnings,
             vec![
                 "spec.trafficPolicy.outlierDetection.consecutiveErrors: deprecated; read as consecutiveGatewayErrors: 3 with consecutive5xxErrors: 0, as Istio does".to_string(),
-                "spec.trafficPolicy.outlierDetection.splitExternalLocalOriginErrors: accepted but not enforced; failed connections count as gateway errors and reset or timed-out requests as neither".to_string(),
+                "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures: has no effect without splitExternalLocalOriginErrors: true (local-origin failures count as 503/504 responses)".to_string(),
                 "spec.trafficPolicy.connectionPool.tcp.idleTimeout: accepted but not enforced (it applies to proxied TCP streams; minimesh proxies HTTP, where http.idleTimeout closes idle upstream connections)".to_string(),
             ]
         );
+        // Local-origin failures apart: their own threshold, 5 by default.
+        let (r, w) = with_policy(
+            "{outlierDetection: {splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 2}}",
+        )
+        .expect("valid");
+        let od = r.outlier.expect("outlier detection");
+        assert_eq!(
+            (
+                od.split_local_origin,
+                od.consecutive_local_origin,
+                od.consecutive_5xx
+            ),
+            (true, 2, 5)
+        );
+        assert_eq!(w, Vec::<String>::new());
+        let (r, _) = with_policy("{outlierDetection: {splitExternalLocalOriginErrors: true}}")
+            .expect("valid");
+        assert_eq!(r.outlier.expect("od").consecutive_local_origin, 5);
         // The current fields win over the deprecated one.
         let (r, _) =
             with_policy("{outlierDetection: {consecutiveErrors: 3, consecutive5xxErrors: 7}}")
