@@ -844,8 +844,6 @@ fn on(cluster: &ClusterHandle, cond: RetryOn) -> bool {
 /// Header naming the limit that turned a request away.
 pub const OVERFLOW_HEADER: &str = "x-minimesh-overflow";
 
-/// Counts the outcome for outlier detection and ejects the endpoint when it
-/// crossed a consecutive-error threshold.
 /// What an attempt came to, for outlier detection.
 #[derive(Clone, Copy, Debug)]
 enum Outcome {
@@ -858,8 +856,9 @@ enum Outcome {
     TimedOut,
 }
 
-/// Counts an attempt's outcome towards its endpoint's outlier detection, as
-/// Envoy does: unless the rule splits them off, local-origin failures count
+/// Counts an attempt's outcome towards its endpoint's outlier detection and
+/// ejects the endpoint when it crosses a consecutive-error threshold. As
+/// Envoy does it: unless the rule splits them off, local-origin failures count
 /// as the 503 (504 for a timeout) Envoy maps them to, towards both the 5xx
 /// and the gateway-error thresholds; split, they count only towards
 /// `consecutiveLocalOriginFailures`, which any response resets.
