@@ -226,7 +226,7 @@ fn request_authority(req: &Request<Incoming>) -> Option<Authority> {
         .map(|h| Authority::Host(h.clone()))
 }
 
-const HOP_BY_HOP: [HeaderName; 7] = [
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -237,9 +237,23 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names (cheap comparisons)
-    // instead of a hash lookup per hop-by-hop name.
-    let hop = |k: &HeaderName| *k == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(k);
+    // Most messages carry none: one pass over the names, compared as
+    // strings (a length test, then at most one memcmp), instead of a hash
+    // lookup per hop-by-hop name. (Comparing with HOP_BY_HOP's HeaderNames
+    // cost twice the instructions.)
+    let hop = |k: &HeaderName| {
+        matches!(
+            k.as_str(),
+            "connection"
+                | "keep-alive"
+                | "proxy-connection"
+                | "proxy-authorization"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "transfer-encoding"
+        )
+    };
     if !headers.keys().any(hop) {
         return;
     }
