@@ -38,16 +38,7 @@ async fn up_with(net: &Net, topology: &str, ingress: std::net::SocketAddr, extra
             .spawn()
             .expect("minimesh up"),
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !up.log_text().contains("Ctrl-C stops everything") {
-        up.assert_running();
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "mesh did not come up: {}",
-            up.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    printed(&mut up, "Ctrl-C stops everything", Duration::from_secs(60)).await;
     up
 }
 
@@ -298,9 +289,9 @@ fn kill(net: &Net, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// Waits until `minimesh up` has printed `line`.
-async fn printed(up: &mut Proc, line: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+/// Waits until `minimesh up` has printed `line` (it must keep running).
+async fn printed(up: &mut Proc, line: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
     while !up.log_text().contains(line) {
         up.assert_running();
         assert!(
@@ -351,6 +342,7 @@ async fn minimesh_kill_takes_a_pod_down_under_load_and_up_brings_it_back() {
     printed(
         &mut up,
         &format!("simple-backend-1-0.app exited (signal: 9 (SIGKILL)); starting it again in 1s; endpoint {endpoint} of simple-backend not ready"),
+        Duration::from_secs(30),
     )
     .await;
     assert!(!alive(app) && !alive(sidecar));
@@ -358,10 +350,16 @@ async fn minimesh_kill_takes_a_pod_down_under_load_and_up_brings_it_back() {
     let slice = std::fs::read_to_string(net.dir.join("home/config/services/simple-backend.yaml"))
         .expect("slice");
     assert_eq!(slice.matches("ready: false").count(), 1, "{slice}");
-    printed(&mut up, "simple-backend-1-0.app started again (pid ").await;
+    printed(
+        &mut up,
+        "simple-backend-1-0.app started again (pid ",
+        Duration::from_secs(30),
+    )
+    .await;
     printed(
         &mut up,
         &format!("simple-backend-1-0 is ready: endpoint {endpoint} of simple-backend ready again"),
+        Duration::from_secs(30),
     )
     .await;
     let c = load.finish().await;
