@@ -97,20 +97,9 @@ async fn main() {
     );
     let mut per = Vec::new();
     for round in 1..=ROUNDS {
-        let short = instructions(
-            &net,
-            &sidecar,
-            SHORT,
-            &keep.join(format!("callgrind.{round}.short")),
-        )
-        .await;
-        let long = instructions(
-            &net,
-            &sidecar,
-            LONG,
-            &keep.join(format!("callgrind.{round}.long")),
-        )
-        .await;
+        let file = |n: u64| keep.join(format!("callgrind.{round}.{n}"));
+        let short = instructions(&net, &sidecar, SHORT, &file(SHORT)).await;
+        let long = instructions(&net, &sidecar, LONG, &file(LONG)).await;
         let p = (long.saturating_sub(short)) as f64 / (LONG - SHORT) as f64;
         println!("{round:<6} {short:>16} {long:>16} {p:>18.0}");
         per.push(p);
