@@ -184,6 +184,7 @@ pub fn translate(
                 retry_on: rule::parse_retry_on(rule::DEFAULT_RETRY_ON).unwrap_or(0),
                 retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
                 upstream_protocol: port_protocol(port) as i32,
+                outlier_detection: Some(outlier_detection(&rule::DEFAULT_OUTLIER)),
                 ..Default::default()
             };
             if let (Some(res), Some((key, vr))) = (resolved, rule) {
@@ -224,15 +225,7 @@ pub fn translate(
                     healthy_threshold: h.healthy_threshold,
                     unhealthy_threshold: h.unhealthy_threshold,
                 });
-                cluster.outlier_detection = res.outlier.as_ref().map(|o| v1::OutlierDetection {
-                    consecutive_5xx: o.consecutive_5xx,
-                    consecutive_gateway_errors: o.consecutive_gateway,
-                    split_local_origin: o.split_local_origin,
-                    consecutive_local_origin: o.consecutive_local_origin,
-                    base_ejection_ms: o.base_ejection.as_millis() as u64,
-                    max_ejection_percent: o.max_ejection_percent,
-                    min_health_percent: o.min_health_percent,
-                });
+                cluster.outlier_detection = Some(outlier_detection(res.outlier_in_force()));
                 cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
                 cluster.warmup_min_percent = res.warmup_min_percent;
                 cluster.warmup_aggression = res.warmup_aggression;
@@ -316,6 +309,19 @@ pub fn translate(
             .insert(format!("{}.{}", skey.name, skey.namespace), route);
     }
     (out, status)
+}
+
+/// Outlier detection on the wire.
+fn outlier_detection(o: &rule::Outlier) -> v1::OutlierDetection {
+    v1::OutlierDetection {
+        consecutive_5xx: o.consecutive_5xx,
+        consecutive_gateway_errors: o.consecutive_gateway,
+        split_local_origin: o.split_local_origin,
+        consecutive_local_origin: o.consecutive_local_origin,
+        base_ejection_ms: o.base_ejection.as_millis() as u64,
+        max_ejection_percent: o.max_ejection_percent,
+        min_health_percent: o.min_health_percent,
+    }
 }
 
 fn lb_policy(p: Policy) -> LbPolicy {

@@ -68,7 +68,7 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
     let _sc = net.sidecar(100, &[]).await;
     // The hash policies hash on a header these clients do not send, so their
     // requests spread at random (the stated fallback) and reach the victim.
-    for (policy, lb) in [
+    for (i, (policy, lb)) in [
         ("ROUND_ROBIN", "simple: ROUND_ROBIN"),
         ("RANDOM", "simple: RANDOM"),
         ("LEAST_REQUEST", "simple: LEAST_REQUEST"),
@@ -79,17 +79,24 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
             "MAGLEV",
             "consistentHash: {httpHeaderName: x-user, maglev: {tableSize: 65537}}",
         ),
-    ] {
-        let mut victim = net.backend(3, &slow).await;
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Each policy kills a pod of its own, as a replacement pod comes
+        // back under a new address: the last victim stays ejected (and
+        // withdrawn) here.
+        let host = 3 + i as u8;
+        let mut victim = net.backend(host, &slow).await;
+        net.service("backend", &[1, 2, host]);
         net.rule("rule.yaml", "backend", lb);
         wait_sidecar(net.addr(100, 15000), Duration::from_secs(3), |v| {
             policy_of(v, "backend") == policy
         })
         .await;
         let loader = Background::start(net.addr(100, 15001), "backend", 20);
-        // The previous victim's death left its address backing off; wait
-        // until the new one takes traffic, then kill it.
-        let victim_addr = net.addr(3, 9090).to_string();
+        // Wait until the new victim takes traffic, then kill it.
+        let victim_addr = net.addr(host, 9090).to_string();
         let served = |v: &serde_json::Value| {
             v["clusters"]
                 .as_object()
@@ -111,10 +118,7 @@ async fn sigkill_of_a_backend_under_load_loses_no_request_for_every_policy() {
         victim.kill(); // SIGKILL, with requests in flight on it
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let c = loader.finish().await;
-        let killed = *c
-            .by_endpoint
-            .get(&net.addr(3, 9090).to_string())
-            .unwrap_or(&0);
+        let killed = *c.by_endpoint.get(&victim_addr).unwrap_or(&0);
         assert!(
             killed > 10,
             "{policy}: the victim served only {killed} before dying"

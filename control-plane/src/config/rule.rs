@@ -114,6 +114,8 @@ pub struct TrafficPolicy {
     #[serde(default)]
     pub connection_pool: Option<ConnectionPool>,
     /// Istio outlier detection (passive ejection of failing endpoints).
+    /// Without it, minimesh ejects with the block's defaults (5 consecutive
+    /// 5xx, 30 s); `consecutive5xxErrors: 0` turns that off.
     #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
     /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
@@ -291,6 +293,23 @@ pub struct Outlier {
     /// Panic threshold percent.
     pub min_health_percent: u32,
 }
+
+/// Outlier detection in force where no rule sets `outlierDetection`:
+/// Istio's defaults for the fields of that block (5 consecutive 5xx eject an
+/// endpoint for 30 s, 10% of endpoints at most and always one). Istio
+/// ejects nothing without the block; minimesh does, because without it a
+/// replica that fails every request at once draws more requests under
+/// LEAST_REQUEST, not fewer (it never has any in flight). A rule with
+/// `outlierDetection: {consecutive5xxErrors: 0}` turns it off.
+pub const DEFAULT_OUTLIER: Outlier = Outlier {
+    consecutive_5xx: 5,
+    consecutive_gateway: 0,
+    split_local_origin: false,
+    consecutive_local_origin: 5,
+    base_ejection: Duration::from_secs(30),
+    max_ejection_percent: 10,
+    min_health_percent: 0,
+};
 
 /// `spec.trafficPolicy.connectionPool` (Istio).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -631,7 +650,8 @@ pub struct Resolved {
     pub retry_budget_percent: u32,
     /// Retry budget floor per second.
     pub retry_budget_min_per_second: u32,
-    /// Outlier detection, when configured.
+    /// Outlier detection, when the rule sets it (else [`DEFAULT_OUTLIER`]
+    /// is in force, see [`Resolved::outlier_in_force`]).
     pub outlier: Option<Outlier>,
     /// Bits of the wire `RetryOn` enum.
     pub retry_on: u32,
@@ -671,6 +691,11 @@ impl Resolved {
     /// detection or health checks), as Istio requires for failover.
     pub fn zone_failover(&self) -> bool {
         self.locality_failover && (self.outlier.is_some() || self.health_check.is_some())
+    }
+
+    /// The outlier detection sidecars enforce: the rule's, else the default.
+    pub fn outlier_in_force(&self) -> &Outlier {
+        self.outlier.as_ref().unwrap_or(&DEFAULT_OUTLIER)
     }
 
     /// The settings in force on `port`.
@@ -1438,6 +1463,31 @@ mod tests {
             traffic_policy: Some(tp),
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn outlier_detection_is_on_by_default_and_a_rule_can_turn_it_off() {
+        // No rule, or a rule without the block: Istio's defaults for it.
+        let none = Resolved::default();
+        let (bare, _) = with_policy("{loadBalancer: {simple: ROUND_ROBIN}}").expect("valid");
+        for r in [&none, &bare] {
+            let od = r.outlier_in_force();
+            assert_eq!(
+                (
+                    od.consecutive_5xx,
+                    od.consecutive_gateway,
+                    od.base_ejection,
+                    od.max_ejection_percent
+                ),
+                (5, 0, Duration::from_secs(30), 10)
+            );
+            // The default does not turn zone failover on; a rule's block does.
+            assert!(!r.zone_failover());
+        }
+        let (off, _) = with_policy("{outlierDetection: {consecutive5xxErrors: 0}}").expect("valid");
+        let od = off.outlier_in_force();
+        assert_eq!((od.consecutive_5xx, od.consecutive_gateway), (0, 0));
+        assert!(off.zone_failover());
     }
 
     #[test]
