@@ -369,6 +369,7 @@ async fn peer_run(
         servers: pods.iter().map(|p| (p, peer.weight_of(&p.name))).collect(),
         directives: &peer.directives,
         timeout: scenario.timeout,
+        retry_5xx: peer.retry_5xx,
     };
     let dir = out.join("peers").join(slug(&peer.name));
     let proxy = peers::start(peer.kind, binary, &dir, &config).await?;
@@ -407,6 +408,8 @@ async fn inject(
                 .and_then(|()| mesh.signal(&format!("{pod}.sidecar"), "KILL")),
             Action::Stop => mesh.signal(&format!("{pod}.app"), "STOP"),
             Action::Cont => mesh.signal(&format!("{pod}.app"), "CONT"),
+            Action::Errors => mesh.signal(&format!("{pod}.app"), "USR1"),
+            Action::Recover => mesh.signal(&format!("{pod}.app"), "USR2"),
         };
         let at_s = start.elapsed().as_secs_f64();
         if let Err(e) = &result {

@@ -20,9 +20,12 @@ pub struct KillArgs {
     #[arg(long)]
     pub app: bool,
     /// KILL (die at once), TERM (shut down gracefully: a sidecar drains),
-    /// STOP (hang: connections are accepted, nothing is answered) or CONT
-    /// (resume after STOP).
-    #[arg(long, short, default_value = "KILL", value_parser = ["KILL", "TERM", "STOP", "CONT"])]
+    /// STOP (hang: connections are accepted, nothing is answered), CONT
+    /// (resume after STOP), or, to an app only, USR1 (the demo app fails
+    /// every request at once with its ERROR_CODE, 500 by default, its health
+    /// check still green: a replica whose database went away) and USR2 (it
+    /// serves again).
+    #[arg(long, short, default_value = "KILL", value_parser = ["KILL", "TERM", "STOP", "CONT", "USR1", "USR2"])]
     pub signal: String,
 }
 
@@ -57,6 +60,12 @@ pub fn run(home: PathBuf, args: KillArgs) -> anyhow::Result<()> {
             if state.ingress.is_some() { ", ingress-gateway" } else { "" }
         );
     };
+    if args.signal.starts_with("USR") && !names.iter().all(|n| n.ends_with(".app")) {
+        bail!(
+            "--signal {} goes to an app (add --app, or name <pod>.app): a sidecar, the control plane or the gateway would exit on it",
+            args.signal
+        );
+    }
     for name in &names {
         let pid = state.pids.get(name).copied().unwrap_or_default();
         if !running_child_of(pid, state.pid) {
@@ -72,9 +81,18 @@ pub fn run(home: PathBuf, args: KillArgs) -> anyhow::Result<()> {
         send_signal(pid, &args.signal, name)?;
         println!("sent SIG{} to {name} (pid {pid})", args.signal);
     }
+    let again = if args.app {
+        format!("{target} --app")
+    } else {
+        target.to_string()
+    };
     match (args.signal.as_str(), state.restart_after_ms) {
-        ("STOP", _) => println!("it hangs until `minimesh kill {target} --signal CONT`"),
+        ("STOP", _) => println!("it hangs until `minimesh kill {again} --signal CONT`"),
         ("CONT", _) => {}
+        ("USR1", _) => println!(
+            "it answers every request with its ERROR_CODE until `minimesh kill {again} --signal USR2`; callers eject it after 5 consecutive errors"
+        ),
+        ("USR2", _) => println!("it serves again; callers send it requests once its ejection ends"),
         (_, Some(ms)) => println!(
             "minimesh up publishes its endpoint as not ready, starts it again after {}s, and ready once it passes its checks",
             ms as f64 / 1000.0

@@ -223,6 +223,81 @@ async fn lb_lab_failure_loses_no_request_under_any_policy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_failing_fast_is_ejected_by_default_under_every_policy() {
+    // s1 answers every request with 500 at once from 3 s to 9 s. Without
+    // ejection, LEAST_REQUEST sends it most requests (it never has any in
+    // flight) and thousands fail; with outlier detection on by default, one
+    // gateway loses the five that eject it.
+    let net = Net::new(36);
+    let peers = [
+        "nginx least_conn + retry 5xx",
+        "haproxy leastconn + retry 5xx",
+    ];
+    let mut only = Vec::new();
+    for name in [
+        "ROUND_ROBIN",
+        "LEAST_REQUEST",
+        "LEAST_REQUEST, no ejection",
+        "LEAST_REQUEST + retry 5xx",
+        "PEAK_EWMA",
+        "LOAD_AWARE",
+    ]
+    .iter()
+    .chain(&peers)
+    {
+        only.extend(["--only", name]);
+    }
+    let v = bench(&net, "failing-replica", "0.1", &only);
+    let runs = v["runs"].as_array().expect("runs");
+    for r in runs {
+        let policy = r["policy"].as_str().unwrap_or("?");
+        let events: Vec<(&str, bool)> = r["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| (e["action"].as_str().unwrap_or("?"), e["done"] == true))
+            .collect();
+        assert_eq!(events, [("errors", true), ("recover", true)], "{policy}");
+        let errors = r["errors"].as_u64().unwrap_or(u64::MAX);
+        let requests = r["requests"].as_u64().unwrap_or(0);
+        assert!(requests > 1000, "{policy}: {requests} requests");
+        let by_reason = &r["errors_by_reason"];
+        match policy {
+            "LEAST_REQUEST, no ejection" => assert!(
+                errors > requests / 10,
+                "{policy}: only {errors} of {requests} failed without ejection: {by_reason}"
+            ),
+            p if p.contains("retry 5xx") => assert_eq!(errors, 0, "{policy}: {by_reason}"),
+            // Five consecutive 500s eject s1 from the gateway; requests
+            // already on their way to it when the fifth lands fail too (5 to
+            // 10 in runs here), and none after.
+            _ => assert!(
+                (5..=20).contains(&errors),
+                "{policy}: {errors} failed, not the 5 that eject s1 and a few in flight: {by_reason}"
+            ),
+        }
+        if policy != "LEAST_REQUEST, no ejection" && r["kind"] == "minimesh" {
+            // From the second after the fault, s1 is ejected (for 30 s,
+            // past the end of the run): no errors, nothing served by it.
+            let at = r["events"][0]["at_s"].as_f64().unwrap_or(0.0).ceil() as usize + 1;
+            let timeline = r["timeline"].as_array().expect("timeline");
+            for sec in &timeline[at.min(timeline.len())..] {
+                assert_eq!(
+                    (&sec["errors"], &sec["served"][0]),
+                    (&serde_json::json!(0), &serde_json::json!(0)),
+                    "{policy}: s1 still served after its ejection: {sec}"
+                );
+            }
+        }
+    }
+    for peer in peers {
+        let kind = peer.split(' ').next().unwrap_or("");
+        let ran = runs.iter().any(|r| r["policy"] == peer);
+        assert_eq!(ran, installed(kind), "{peer}: ran {ran}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_scenarios_are_refused_with_file_field_and_reason() {
     let net = Net::new(86);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bench");

@@ -392,5 +392,37 @@ async fn minimesh_kill_takes_a_pod_down_under_load_and_up_brings_it_back() {
         err,
         "minimesh kill: --app takes a pod name; control-plane is a process\n"
     );
+    let (ok, _, err) = kill(&net, &["simple-backend-2-0", "--signal", "USR1"]);
+    assert!(!ok);
+    assert_eq!(
+        err,
+        "minimesh kill: --signal USR1 goes to an app (add --app, or name <pod>.app): a sidecar, the control plane or the gateway would exit on it\n"
+    );
+
+    // A replica that fails fast (its database went away): simple-web's
+    // sidecar ejects it after 5 consecutive 500s: no rule sets
+    // outlierDetection, the default does it.
+    let pid = state["pids"]["simple-backend-2-0.app"]
+        .as_u64()
+        .expect("pid");
+    let (ok, out, err) = kill(&net, &["simple-backend-2-0", "--app", "--signal", "USR1"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "sent SIGUSR1 to simple-backend-2-0.app (pid {pid})\n\
+             it answers every request with its ERROR_CODE until `minimesh kill simple-backend-2-0 --app --signal USR2`; callers eject it after 5 consecutive errors\n"
+        )
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..60 {
+        let (status, _, _) = get(ingress, "simple-web.istioinaction.io", "/")
+            .await
+            .expect("ingress");
+        statuses.push(status);
+    }
+    // Exactly five: the ones that ejected it, none after.
+    let failed = statuses.iter().filter(|s| **s != 200).count();
+    assert_eq!(failed, 5, "{statuses:?}");
     up.assert_running();
 }

@@ -592,6 +592,7 @@ async fn paths(
                 servers: vec![(&pod, 1)],
                 directives,
                 timeout: Duration::from_secs(10),
+                retry_5xx: false,
             };
             let peer = match peers::start(kind, &binary, &out.join(kind.binary()), &config).await {
                 Ok(p) => p,

@@ -120,7 +120,8 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 /// Settings shared by both peers, matching minimesh's defaults: 1 s connect
 /// timeout, 10 s read timeout, retry on connection errors and timeouts to
 /// another server (nginx `proxy_next_upstream error timeout`, HAProxy
-/// `retries 2` with `option redispatch`).
+/// `retries 2` with `option redispatch`), and with `retry_5xx` on 5xx
+/// responses too.
 pub struct PeerConfig<'a> {
     /// Where the peer listens.
     pub listen: SocketAddr,
@@ -130,6 +131,8 @@ pub struct PeerConfig<'a> {
     pub directives: &'a str,
     /// Request timeout.
     pub timeout: Duration,
+    /// Retry 500, 502, 503 and 504 responses on another server too.
+    pub retry_5xx: bool,
 }
 
 fn nginx_conf(dir: &Path, c: &PeerConfig) -> String {
@@ -150,10 +153,15 @@ fn nginx_conf(dir: &Path, c: &PeerConfig) -> String {
            upstream backend {{\n    {}\n{servers}    keepalive 256;\n  }}\n\
            server {{\n    listen {};\n    location / {{\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n\
                  proxy_set_header Connection \"\";\n      proxy_set_header Host $host;\n\
-                 proxy_next_upstream error timeout;\n      proxy_next_upstream_tries 3;\n\
+                 proxy_next_upstream error timeout{};\n      proxy_next_upstream_tries 3;\n\
                  proxy_connect_timeout 1s;\n      proxy_read_timeout {}s;\n    }}\n  }}\n}}\n",
         c.directives.replace('\n', "\n    "),
         c.listen,
+        if c.retry_5xx {
+            " http_500 http_502 http_503 http_504"
+        } else {
+            ""
+        },
         c.timeout.as_secs().max(1)
     )
 }
@@ -171,10 +179,15 @@ fn haproxy_conf(c: &PeerConfig) -> String {
     format!(
         "# Written by minimesh bench.\nglobal\n  maxconn 8000\n  nbthread 2\n\
          defaults\n  mode http\n  timeout connect 1s\n  timeout client 60s\n  timeout server {}s\n\
-           retries 2\n  option redispatch 1\n  option http-keep-alive\n\
+           retries 2\n  option redispatch 1\n  option http-keep-alive\n{}\
          frontend fe\n  bind {}\n  default_backend be\n\
          backend be\n  {}\n{servers}",
         c.timeout.as_secs().max(1),
+        if c.retry_5xx {
+            "  retry-on conn-failure empty-response response-timeout 500 502 503 504\n"
+        } else {
+            ""
+        },
         c.listen,
         c.directives.replace('\n', "\n  ")
     )

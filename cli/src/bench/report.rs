@@ -17,7 +17,7 @@ use crate::mesh::Pod;
 pub struct EventRecord {
     /// Seconds from the start of the load.
     pub at_s: f64,
-    /// kill, stop, cont.
+    /// kill, stop, cont, errors, recover.
     pub action: &'static str,
     /// The pod.
     pub pod: String,

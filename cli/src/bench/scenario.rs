@@ -70,6 +70,13 @@ pub struct PeerDef {
     /// Server weights by pod name or prefix (`s1-*`); others weigh 1.
     #[serde(default)]
     pub weights: Vec<PodWeight>,
+    /// Also retry a 500, 502, 503 or 504 response on another server, as a
+    /// rule's `retryOn: 5xx` does (nginx `proxy_next_upstream … http_500
+    /// http_502 http_503 http_504`, which also counts them towards
+    /// `max_fails`; HAProxy `retry-on … 500 502 503 504`). Default: only
+    /// connection errors and timeouts.
+    #[serde(default)]
+    pub retry_5xx: bool,
 }
 
 /// A weight for the pods a pattern matches.
@@ -93,6 +100,8 @@ pub struct Peer {
     pub directives: String,
     /// (pattern, weight).
     pub weights: Vec<(String, u32)>,
+    /// Retry 5xx responses on another server.
+    pub retry_5xx: bool,
 }
 
 impl Peer {
@@ -178,7 +187,11 @@ pub struct FixedRate {
 pub struct Event {
     /// When, from the start of the load, e.g. `60s` (scaled with `--scale`).
     pub at: String,
-    /// `kill` (SIGKILL the app), `stop` (SIGSTOP: it hangs), `cont` (SIGCONT).
+    /// `kill` (SIGKILL the app and its sidecar), `stop` (SIGSTOP the app: it
+    /// hangs), `cont` (SIGCONT: it resumes), `errors` (the app answers every
+    /// request at once with its `ERROR_CODE`, default 500, its health path
+    /// still green: fake-service's SIGUSR1), `recover` (it serves again:
+    /// SIGUSR2).
     pub action: String,
     /// The pod (`<deployment>-<i>`).
     pub pod: String,
@@ -228,6 +241,10 @@ pub enum Action {
     Stop,
     /// SIGCONT.
     Cont,
+    /// SIGUSR1: fake-service fails every request.
+    Errors,
+    /// SIGUSR2: fake-service serves again.
+    Recover,
 }
 
 impl Action {
@@ -237,6 +254,8 @@ impl Action {
             Action::Kill => "kill",
             Action::Stop => "stop",
             Action::Cont => "cont",
+            Action::Errors => "errors",
+            Action::Recover => "recover",
         }
     }
 }
@@ -430,10 +449,14 @@ impl Scenario {
                 "kill" => Action::Kill,
                 "stop" => Action::Stop,
                 "cont" => Action::Cont,
+                "errors" => Action::Errors,
+                "recover" => Action::Recover,
                 other => {
                     return Err(err(
                         &format!("spec.events[{i}].action"),
-                        format!("unknown action {other:?} (known: kill, stop, cont)"),
+                        format!(
+                            "unknown action {other:?} (known: kill, stop, cont, errors, recover)"
+                        ),
                     ))
                 }
             };
@@ -520,6 +543,7 @@ impl Scenario {
                 kind,
                 directives,
                 weights,
+                retry_5xx: p.retry_5xx,
             });
         }
         Ok(Scenario {

@@ -16,12 +16,18 @@
 //! | `MAX_QUEUE` | with `CONCURRENCY`, requests waiting at most; more are answered 503 at once (0 = unbounded) | `0` |
 //! | `HEALTH_PATH` | path answering 200 `OK` without delay or errors | `/health` |
 //! | `HTTP_PROXY` | upstream calls go through this proxy (the sidecar) | none |
+//!
+//! Signals inject a failure into a running service: after `SIGUSR1` it
+//! answers every request but its health checks at once with `ERROR_CODE`, as
+//! an app whose database went away does (its process and port stay up, its
+//! health path stays green); `SIGUSR2` makes it serve again.
 
 pub mod client;
 mod timing;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -198,6 +204,8 @@ struct State {
     config: Config,
     limit: Option<Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
+    /// Set by SIGUSR1, cleared by SIGUSR2.
+    failing: AtomicBool,
     client: client::Client,
     ip: String,
 }
@@ -216,10 +224,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let state = Arc::new(State {
         limit: (config.concurrency > 0).then(|| Semaphore::new(config.concurrency)),
         waiting: Default::default(),
+        failing: AtomicBool::new(false),
         client: client::Client::new(config.http_proxy),
         config,
         ip,
     });
+    watch_fault_signals(state.clone())?;
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -240,6 +250,32 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
+/// SIGUSR1 starts failing every request, SIGUSR2 stops.
+fn watch_fault_signals(state: Arc<State>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut fail = signal(SignalKind::user_defined1()).context("watching SIGUSR1")?;
+    let mut heal = signal(SignalKind::user_defined2()).context("watching SIGUSR2")?;
+    tokio::spawn(async move {
+        loop {
+            let failing = tokio::select! {
+                Some(()) = fail.recv() => true,
+                Some(()) = heal.recv() => false,
+                else => return,
+            };
+            state.failing.store(failing, Ordering::Relaxed);
+            if failing {
+                info!(
+                    code = state.config.error_code.as_u16(),
+                    "SIGUSR1: answering every request with an error"
+                );
+            } else {
+                info!("SIGUSR2: serving again");
+            }
+        }
+    });
+    Ok(())
+}
+
 async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
@@ -254,13 +290,24 @@ async fn handle(
         .map_or("/", |p| p.as_str())
         .to_string();
     let _ = req.into_body().collect().await;
+    if state.failing.load(Ordering::Relaxed) {
+        let body = json!({
+            "name": cfg.name,
+            "uri": uri,
+            "type": "HTTP",
+            "ip_addresses": [state.ip],
+            "code": cfg.error_code.as_u16(),
+            "error": "Service error injected by SIGUSR1",
+        });
+        return Ok(json_response(cfg.error_code, &body));
+    }
     let start = SystemTime::now();
     let started = tokio::time::Instant::now();
     let _permit = match &state.limit {
         Some(s) => match s.try_acquire() {
             Ok(p) => Some(p),
             Err(_) => {
-                use std::sync::atomic::Ordering::Relaxed;
+                use Ordering::Relaxed;
                 if cfg.max_queue > 0 && state.waiting.fetch_add(1, Relaxed) >= cfg.max_queue {
                     state.waiting.fetch_sub(1, Relaxed);
                     let mut r = Response::new(Full::new(Bytes::from_static(b"queue full\n")));
@@ -321,11 +368,15 @@ async fn handle(
             "Error processing upstream request"
         });
     }
+    Ok(json_response(code, &body))
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(format!("{body:#}\n"))));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    Ok(resp)
+    resp
 }
