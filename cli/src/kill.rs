@@ -90,7 +90,7 @@ pub fn run(home: PathBuf, args: KillArgs) -> anyhow::Result<()> {
         ("STOP", _) => println!("it hangs until `minimesh kill {again} --signal CONT`"),
         ("CONT", _) => {}
         ("USR1", _) => println!(
-            "it answers every request with its ERROR_CODE until `minimesh kill {again} --signal USR2`; callers eject it after 5 consecutive errors"
+            "it answers every request with its ERROR_CODE until `minimesh kill {again} --signal USR2`; callers eject it after 5 consecutive 5xx other than 503 (unless their rule counts 503s)"
         ),
         ("USR2", _) => println!("it serves again; callers send it requests once its ejection ends"),
         (_, Some(ms)) => println!(

@@ -321,6 +321,7 @@ fn outlier_detection(o: &rule::Outlier) -> v1::OutlierDetection {
         base_ejection_ms: o.base_ejection.as_millis() as u64,
         max_ejection_percent: o.max_ejection_percent,
         min_health_percent: o.min_health_percent,
+        ignore_503: o.ignore_503,
     }
 }
 

@@ -136,6 +136,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "base_ejection_ms": o.base_ejection_ms,
                         "max_ejection_percent": o.max_ejection_percent,
                         "min_health_percent": o.min_health_percent,
+                        "ignore_503": o.ignore_503,
                     })),
                     "retries": c.budget.retried.load(Ordering::Relaxed),
                     "retry_budget_exhausted": c.budget.exhausted.load(Ordering::Relaxed),

@@ -883,6 +883,13 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome
         Outcome::TimedOut => StatusCode::GATEWAY_TIMEOUT,
     };
     let local = !matches!(outcome, Outcome::Status(_));
+    if !local
+        && status == StatusCode::SERVICE_UNAVAILABLE
+        && cluster.outlier.as_ref().is_some_and(|od| od.ignore_503)
+    {
+        // The default detector leaves overload alone (see ignore_503).
+        return;
+    }
     if !status.is_server_error() {
         for c in [
             &ep.consecutive_5xx,

@@ -411,7 +411,7 @@ async fn minimesh_kill_takes_a_pod_down_under_load_and_up_brings_it_back() {
         out,
         format!(
             "sent SIGUSR1 to simple-backend-2-0.app (pid {pid})\n\
-             it answers every request with its ERROR_CODE until `minimesh kill simple-backend-2-0 --app --signal USR2`; callers eject it after 5 consecutive errors\n"
+             it answers every request with its ERROR_CODE until `minimesh kill simple-backend-2-0 --app --signal USR2`; callers eject it after 5 consecutive 5xx other than 503 (unless their rule counts 503s)\n"
         )
     );
     let mut statuses = Vec::new();

@@ -581,3 +581,72 @@ async fn timeouts_eject_a_slow_replica_and_split_local_origin_errors_count_apart
     let split = slow_of(&get_json(admin, "/debug/config").await, "split", 4);
     assert_eq!(split["ejected"], true, "{split}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_with_503() {
+    // No rule sets outlierDetection: minimesh's default ejects after 5
+    // consecutive 5xx, but leaves 503 (overload) alone; a rule's own
+    // outlierDetection counts 503s too, as Istio's.
+    let net = Net::new(37);
+    let _b1 = net.backend(1, &[]).await;
+    let _b2 = net.backend(2, &[]).await;
+    let _refusing = net
+        .backend(3, &[("ERROR_RATE", "1.0"), ("ERROR_CODE", "503")])
+        .await;
+    let _failing = net
+        .backend(4, &[("ERROR_RATE", "1.0"), ("ERROR_CODE", "500")])
+        .await;
+    net.service("overloaded", &[1, 2, 3]);
+    net.service("broken", &[1, 2, 4]);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    wait_sidecar(admin, Duration::from_secs(5), |v| {
+        endpoints_of(v, "overloaded").len() == 3 && endpoints_of(v, "broken").len() == 3
+    })
+    .await;
+    let outbound = net.addr(100, 15001);
+    let failures = |host: &'static str| async move {
+        let mut failed = 0;
+        for _ in 0..60 {
+            let (status, _, _) = get(outbound, host, "/").await.expect("sidecar");
+            failed += usize::from(status != 200);
+        }
+        failed
+    };
+    let ejected = |v: &serde_json::Value, addr: std::net::SocketAddr| {
+        v["clusters"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+            .any(|e| e["address"] == addr.to_string().as_str() && e["ejected"] == true)
+    };
+    // A third of the requests meet the 500s: five of them eject it.
+    assert_eq!(failures("broken").await, 5);
+    let v = get_json(admin, "/debug/config").await;
+    assert!(ejected(&v, net.addr(4, 9090)), "{v:#}");
+    // The 503s are overload: never ejected, a third of requests keep failing.
+    let failed = failures("overloaded").await;
+    assert!(failed > 10, "only {failed} of 60 met the 503s");
+    let v = get_json(admin, "/debug/config").await;
+    assert!(!ejected(&v, net.addr(3, 9090)), "{v:#}");
+    // A rule's own outlier detection counts them, as Istio's does.
+    net.write(
+        "overloaded-dr.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: overloaded}\nspec:\n  host: overloaded\n  trafficPolicy:\n    outlierDetection: {consecutive5xxErrors: 5}\n",
+    );
+    wait_sidecar(admin, Duration::from_secs(5), |v| {
+        v["clusters"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.iter())
+            .any(|(name, c)| {
+                name.starts_with("overloaded.") && c["outlier_detection"]["ignore_503"] == false
+            })
+    })
+    .await;
+    assert_eq!(failures("overloaded").await, 5);
+    let v = get_json(admin, "/debug/config").await;
+    assert!(ejected(&v, net.addr(3, 9090)), "{v:#}");
+}
