@@ -379,9 +379,11 @@ async fn retry_on_5xx_hides_a_failing_replica() {
     let _bad = net.backend(1, &[("ERROR_RATE", "0.5")]).await;
     let _good = net.backend(2, &[]).await;
     net.service("backend", &[1, 2]);
+    // Ejection off: this test counts retries, and five 500s in a row (one
+    // run of five in 32) would eject the bad replica for 30 s.
     net.write(
         "rule.yaml",
-        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    retries: {attempts: 2, retryOn: \"5xx,connect-failure\", budgetPercent: 50}\n",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    loadBalancer: {simple: ROUND_ROBIN}\n    retries: {attempts: 2, retryOn: \"5xx,connect-failure\", budgetPercent: 50}\n    outlierDetection: {consecutive5xxErrors: 0}\n",
     );
     let _cp = net.control_plane().await;
     let _sc = net.sidecar(100, &[]).await;
