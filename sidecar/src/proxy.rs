@@ -883,13 +883,6 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome
         Outcome::TimedOut => StatusCode::GATEWAY_TIMEOUT,
     };
     let local = !matches!(outcome, Outcome::Status(_));
-    if !local
-        && status == StatusCode::SERVICE_UNAVAILABLE
-        && cluster.outlier.as_ref().is_some_and(|od| od.ignore_503)
-    {
-        // The default detector leaves overload alone (see ignore_503).
-        return;
-    }
     if !status.is_server_error() {
         for c in [
             &ep.consecutive_5xx,
@@ -903,6 +896,11 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome
         return;
     }
     let Some(od) = &cluster.outlier else { return };
+    if od.ignore_503 && !local && status == StatusCode::SERVICE_UNAVAILABLE {
+        // The default detector leaves overload alone: a 503 neither counts
+        // nor resets (see ignore_503).
+        return;
+    }
     let tripped = if local && od.split_local_origin {
         let cl = ep.consecutive_local.fetch_add(1, Ordering::Relaxed) + 1;
         od.consecutive_local_origin > 0 && cl >= od.consecutive_local_origin
