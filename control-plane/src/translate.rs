@@ -150,6 +150,7 @@ pub fn translate(
     }
 
     let mut out = Resources::default();
+    let no_rule = rule::Resolved::default();
     for (skey, svc) in &store.services {
         let slices: Vec<&EndpointSlice> = store
             .slices
@@ -172,51 +173,36 @@ pub fn translate(
             .collect();
         for port in &tcp_ports {
             let name = cluster_name(&skey.name, &skey.namespace, port.port);
-            let resolved = rule.map(|(_, r)| r.resolved.for_port(port.port));
+            // The rule's settings for this port, or what a service with no
+            // rule gets: every cluster is filled from one `Resolved`.
+            let res = rule.map_or(&no_rule, |(_, r)| r.resolved.for_port(port.port));
             let mut cluster = Cluster {
                 name: name.clone(),
                 service: skey.name.clone(),
                 namespace: skey.namespace.clone(),
                 port: port.port.into(),
-                policy: LbPolicy::LeastRequest as i32,
-                retry_attempts: rule::DEFAULT_RETRY_ATTEMPTS,
-                retry_budget_percent: rule::DEFAULT_RETRY_BUDGET_PERCENT,
-                retry_on: rule::parse_retry_on(rule::DEFAULT_RETRY_ON).unwrap_or(0),
-                retry_budget_min_per_second: rule::DEFAULT_RETRY_BUDGET_MIN_PER_SECOND,
-                upstream_protocol: port_protocol(port) as i32,
-                outlier_detection: Some(outlier_detection(&rule::DEFAULT_OUTLIER)),
-                ..Default::default()
-            };
-            if let (Some(res), Some((key, vr))) = (resolved, rule) {
-                cluster.policy = lb_policy(res.policy) as i32;
-                cluster.rule = format!("{}/{}", key.namespace, key.name);
-                cluster.connect_timeout_ms =
-                    res.connect_timeout.map_or(0, |d| d.as_millis() as u64);
-                cluster.timeout_ms = res.timeout.map_or(0, |d| d.as_millis() as u64);
-                cluster.retry_attempts = res.retry_attempts;
-                cluster.per_try_timeout_ms =
-                    res.per_try_timeout.map_or(0, |d| d.as_millis() as u64);
-                cluster.retry_budget_percent = res.retry_budget_percent;
-                cluster.retry_budget_min_per_second = res.retry_budget_min_per_second;
-                if res.use_client_protocol {
-                    cluster.upstream_protocol = UpstreamProtocol::Client as i32;
-                }
-                cluster.max_requests =
-                    if cluster.upstream_protocol == UpstreamProtocol::Http2 as i32 {
-                        res.max_requests_h2
-                    } else {
-                        res.max_requests
-                    };
-                cluster.max_concurrent_streams = res.max_concurrent_streams;
-                cluster.idle_timeout_ms = res.idle_timeout.map_or(0, |d| d.as_millis() as u64);
-                cluster.zone_failover = res.zone_failover();
-                cluster.max_connection_duration_ms = res
+                policy: lb_policy(res.policy) as i32,
+                connect_timeout_ms: res.connect_timeout.map_or(0, |d| d.as_millis() as u64),
+                timeout_ms: res.timeout.map_or(0, |d| d.as_millis() as u64),
+                retry_attempts: res.retry_attempts,
+                per_try_timeout_ms: res.per_try_timeout.map_or(0, |d| d.as_millis() as u64),
+                retry_budget_percent: res.retry_budget_percent,
+                retry_budget_min_per_second: res.retry_budget_min_per_second,
+                upstream_protocol: if res.use_client_protocol {
+                    UpstreamProtocol::Client as i32
+                } else {
+                    port_protocol(port) as i32
+                },
+                max_concurrent_streams: res.max_concurrent_streams,
+                idle_timeout_ms: res.idle_timeout.map_or(0, |d| d.as_millis() as u64),
+                zone_failover: res.zone_failover(),
+                max_connection_duration_ms: res
                     .max_connection_duration
-                    .map_or(0, |d| d.as_millis() as u64);
-                cluster.max_requests_per_connection = res.max_requests_per_connection;
-                cluster.max_retries = res.max_retries;
-                cluster.retry_on = res.retry_on;
-                cluster.health_check = res.health_check.as_ref().map(|h| v1::HealthCheck {
+                    .map_or(0, |d| d.as_millis() as u64),
+                max_requests_per_connection: res.max_requests_per_connection,
+                max_retries: res.max_retries,
+                retry_on: res.retry_on,
+                health_check: res.health_check.as_ref().map(|h| v1::HealthCheck {
                     path: h.path.clone(),
                     grpc: h.grpc_service.is_some(),
                     grpc_service: h.grpc_service.clone().unwrap_or_default(),
@@ -224,16 +210,25 @@ pub fn translate(
                     timeout_ms: h.timeout.as_millis() as u64,
                     healthy_threshold: h.healthy_threshold,
                     unhealthy_threshold: h.unhealthy_threshold,
-                });
-                cluster.outlier_detection = Some(outlier_detection(res.outlier_in_force()));
-                cluster.warmup_ms = res.warmup.map_or(0, |d| d.as_millis() as u64);
-                cluster.warmup_min_percent = res.warmup_min_percent;
-                cluster.warmup_aggression = res.warmup_aggression;
-                match res.policy {
-                    Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
-                    Policy::Maglev => cluster.table_size = res.hash_table_size,
-                    _ => {}
-                }
+                }),
+                outlier_detection: Some(outlier_detection(res.outlier_in_force())),
+                warmup_ms: res.warmup.map_or(0, |d| d.as_millis() as u64),
+                warmup_min_percent: res.warmup_min_percent,
+                warmup_aggression: res.warmup_aggression,
+                ..Default::default()
+            };
+            cluster.max_requests = if cluster.upstream_protocol == UpstreamProtocol::Http2 as i32 {
+                res.max_requests_h2
+            } else {
+                res.max_requests
+            };
+            match res.policy {
+                Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
+                Policy::Maglev => cluster.table_size = res.hash_table_size,
+                _ => {}
+            }
+            if let Some((key, vr)) = rule {
+                cluster.rule = format!("{}/{}", key.namespace, key.name);
                 cluster.hash_key = vr.rule.spec.load_balancer(port.port).and_then(hash_key_of);
                 status
                     .entry((*key).clone())
@@ -441,6 +436,51 @@ fn health(ep: &SliceEndpoint) -> HealthStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn store(yaml: &str) -> Store {
+        let file = std::path::Path::new("test.yaml");
+        let parsed = crate::config::parse::parse_documents(file, yaml, "default").expect("parses");
+        let mut store = Store::default();
+        for d in parsed.documents {
+            let (Some(key), Ok(object)) = (d.key, d.result) else {
+                panic!("a document was rejected");
+            };
+            store.insert(key, object, &file.to_path_buf());
+        }
+        store
+    }
+
+    const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: backend}\nspec: {ports: [{name: http, port: 80}, {name: grpc, port: 9000}]}\n";
+
+    #[test]
+    fn a_service_with_no_rule_gets_what_a_rule_that_sets_nothing_gets() {
+        let none = store(SERVICE);
+        let empty = store(&format!(
+            "{SERVICE}---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: backend}}\nspec: {{host: backend, trafficPolicy: {{}}}}\n"
+        ));
+        let (none, _) = translate(&none, &BTreeMap::new());
+        let (empty, status) = translate(&empty, &BTreeMap::new());
+        assert_eq!(none.clusters.len(), 2);
+        for (name, cluster) in &none.clusters {
+            let mut ruled = empty.clusters[name].clone();
+            assert_eq!(ruled.rule, "default/backend");
+            ruled.rule.clear();
+            assert_eq!(cluster, &ruled, "{name}");
+        }
+        // What both are: LEAST_REQUEST, two retries on connect failure within
+        // a 20% budget, outlier detection on, the port's protocol.
+        let c = &none.clusters["backend.default.svc.cluster.local:80"];
+        assert_eq!(c.policy, LbPolicy::LeastRequest as i32);
+        assert_eq!((c.retry_attempts, c.retry_budget_percent), (2, 20));
+        assert_eq!(
+            c.outlier_detection.as_ref().map(|o| o.consecutive_5xx),
+            Some(5)
+        );
+        assert_eq!(c.upstream_protocol, UpstreamProtocol::Http1 as i32);
+        let c = &none.clusters["backend.default.svc.cluster.local:9000"];
+        assert_eq!(c.upstream_protocol, UpstreamProtocol::Http2 as i32);
+        assert!(status.values().all(|s| s.accepted));
+    }
 
     #[test]
     fn hosts_resolve() {
