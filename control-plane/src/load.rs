@@ -18,8 +18,7 @@ use crate::discovery::session::{drive, BoxStream, Session};
 /// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
 pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
     [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
-/// How long the last sequence of a (reporter, cluster, endpoint) is kept
-/// after its last report: far longer than any reconnect that could send a
+/// How long a reporter's highest sequence is kept after its last report: far longer than any reconnect that could send a
 /// report again, and short enough that reporters and endpoints that are gone
 /// (every rollout brings new pod names and addresses) do not pile up.
 const SEEN_FOR: Duration = Duration::from_secs(300);
@@ -44,24 +43,29 @@ struct Second {
 
 /// One endpoint: per-second sums over the window, and each reporter's last
 /// in-flight count. Memory is bounded by window seconds and reporters, not by
-/// the number of reports.
+/// the number of reports; a reporter's name is shared, not copied, by every
+/// endpoint it reports on.
 #[derive(Debug, Default)]
 struct EndpointLoad {
     seconds: VecDeque<Second>,
-    in_flight: BTreeMap<String, (u64, Instant)>,
+    in_flight: BTreeMap<Arc<str>, (u64, Instant)>,
 }
 
-/// (node, cluster, endpoint).
-type SeenKey = (String, String, String);
+/// Cluster -> endpoint address -> load.
+type Endpoints = BTreeMap<String, BTreeMap<String, EndpointLoad>>;
 
 /// The aggregate view.
 pub struct Aggregator {
     window: Duration,
     start: Instant,
-    endpoints: Mutex<BTreeMap<(String, String), EndpointLoad>>,
-    /// Last sequence seen per (node, cluster, endpoint), and when: repeats
-    /// are dropped.
-    seen: Mutex<HashMap<SeenKey, (u64, Instant)>>,
+    endpoints: Mutex<Endpoints>,
+    /// Per reporter (node), the highest sequence counted and when. A sidecar
+    /// numbers every endpoint entry it sends from one counter that only
+    /// grows (across reports, reconnects and restarts), so an entry at or
+    /// below it was counted already. One entry per reporter, whatever the
+    /// number of endpoints it reports on; its key is the reporter's name
+    /// that `EndpointLoad::in_flight` shares.
+    seen: Mutex<HashMap<Arc<str>, (u64, Instant)>>,
     /// The second (since `start`) at which a report next prunes.
     next_prune: std::sync::atomic::AtomicU64,
     /// Reports rejected as absurd.
@@ -114,6 +118,11 @@ impl Aggregator {
             seen.retain(|_, (_, at)| now.duration_since(*at) <= horizon);
             self.forget_unreported(&mut endpoints, now);
         }
+        let (reporter, counted) = match seen.get_key_value(node) {
+            Some((name, (highest, _))) => (name.clone(), *highest),
+            None => (Arc::from(node), 0),
+        };
+        let mut highest = counted;
         for c in &req.cluster_stats {
             for e in &c.endpoint_stats {
                 let sane = e.requests_issued <= MAX_COUNT
@@ -138,15 +147,25 @@ impl Aggregator {
                     continue;
                 }
                 if e.sequence != 0 {
-                    let key = (node.to_string(), c.cluster_name.clone(), e.address.clone());
-                    if seen.get(&key).is_some_and(|(s, _)| *s >= e.sequence) {
+                    if e.sequence <= counted {
                         continue; // already counted
                     }
-                    seen.insert(key, (e.sequence, now));
+                    highest = highest.max(e.sequence);
                 }
-                let ep = endpoints
-                    .entry((c.cluster_name.clone(), e.address.clone()))
-                    .or_default();
+                // Look up before inserting: no key is copied for an
+                // endpoint already known.
+                if !endpoints.contains_key(&c.cluster_name) {
+                    endpoints.insert(c.cluster_name.clone(), BTreeMap::new());
+                }
+                let Some(cluster) = endpoints.get_mut(&c.cluster_name) else {
+                    continue;
+                };
+                if !cluster.contains_key(&e.address) {
+                    cluster.insert(e.address.clone(), EndpointLoad::default());
+                }
+                let Some(ep) = cluster.get_mut(&e.address) else {
+                    continue;
+                };
                 if ep.seconds.back().is_none_or(|s| s.second != second) {
                     ep.seconds.push_back(Second {
                         second,
@@ -170,23 +189,23 @@ impl Aggregator {
                     *v = (e.requests_in_progress, now);
                 } else {
                     ep.in_flight
-                        .insert(node.to_string(), (e.requests_in_progress, now));
+                        .insert(reporter.clone(), (e.requests_in_progress, now));
                 }
             }
         }
+        seen.insert(reporter, (highest, now));
     }
 
     /// Drops each endpoint's reporters that have not reported within the
     /// window, and the endpoints left with none.
-    fn forget_unreported(
-        &self,
-        endpoints: &mut BTreeMap<(String, String), EndpointLoad>,
-        now: Instant,
-    ) {
-        endpoints.retain(|_, ep| {
-            ep.in_flight
-                .retain(|_, (_, at)| now.duration_since(*at) <= self.window);
-            !ep.in_flight.is_empty()
+    fn forget_unreported(&self, endpoints: &mut Endpoints, now: Instant) {
+        endpoints.retain(|_, cluster| {
+            cluster.retain(|_, ep| {
+                ep.in_flight
+                    .retain(|_, (_, at)| now.duration_since(*at) <= self.window);
+                !ep.in_flight.is_empty()
+            });
+            !cluster.is_empty()
         });
     }
 
@@ -237,10 +256,7 @@ impl Aggregator {
         let now = Instant::now();
         let endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = BTreeMap::new();
-        for ((c, ep), load) in endpoints.range((cluster.to_string(), String::new())..) {
-            if c != cluster {
-                break;
-            }
+        for (ep, load) in endpoints.get(cluster).into_iter().flatten() {
             let t = self.totals_over(load, now, secs);
             let done = t.succeeded + t.failed;
             let success = if done > 0 {
@@ -266,7 +282,10 @@ impl Aggregator {
         self.forget_unreported(&mut endpoints, now);
         let mut out: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
         let mut totals: BTreeMap<String, u64> = BTreeMap::new();
-        for ((cluster, ep), load) in endpoints.iter() {
+        for (cluster, ep, load) in endpoints
+            .iter()
+            .flat_map(|(c, eps)| eps.iter().map(move |(ep, load)| (c, ep, load)))
+        {
             let t = self.totals(load, now);
             *totals.entry(cluster.clone()).or_default() += t.issued;
             let done = t.succeeded + t.failed;
@@ -424,8 +443,9 @@ mod tests {
 
     fn sizes(a: &Aggregator) -> (usize, usize, usize) {
         let endpoints = a.endpoints.lock().unwrap();
-        let reporters = endpoints.values().map(|e| e.in_flight.len()).sum();
-        (endpoints.len(), reporters, a.seen.lock().unwrap().len())
+        let loads = || endpoints.values().flat_map(|c| c.values());
+        let reporters = loads().map(|e| e.in_flight.len()).sum();
+        (loads().count(), reporters, a.seen.lock().unwrap().len())
     }
 
     #[test]
@@ -443,8 +463,7 @@ mod tests {
         // A repeat moments later is recognized, and not counted.
         let t1 = t0 + Duration::from_secs(5);
         a.add_at("caller-0", &report("10.0.0.0:8080", 7), t1);
-        let before: u64 = a.endpoints.lock().unwrap()
-            [&("backend.ns".into(), "10.0.0.0:8080".into())]
+        let before: u64 = a.endpoints.lock().unwrap()["backend.ns"]["10.0.0.0:8080"]
             .seconds
             .iter()
             .map(|s| s.issued)
@@ -459,5 +478,36 @@ mod tests {
         let stats = a.endpoint_stats("backend.ns", 10);
         assert_eq!(stats.len(), 1);
         assert_eq!(stats["10.9.9.9:8080"].0, 5);
+    }
+
+    #[test]
+    fn a_reporter_costs_one_sequence_entry_whatever_it_reports_on() {
+        let a = Aggregator::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        // One sidecar, 100 endpoints in one report, numbered from its one
+        // counter as the sidecar does.
+        let mut req = report("10.0.0.0:8080", 0);
+        req.cluster_stats[0].endpoint_stats = (0..100u64)
+            .map(|i| EndpointStats {
+                address: format!("10.0.1.{i}:8080"),
+                requests_issued: 5,
+                requests_succeeded: 5,
+                sequence: 1_000 + i,
+                ..Default::default()
+            })
+            .collect();
+        a.add_at("caller.default", &req, t0);
+        assert_eq!(sizes(&a), (100, 100, 1));
+        // Every reporter entry shares the one name.
+        let name = a.seen.lock().unwrap().keys().next().cloned().unwrap();
+        assert_eq!(Arc::strong_count(&name), 1 + 100 + 1);
+        // The same report again, or any entry numbered at or below the
+        // highest counted, is not counted; the next one is.
+        a.add_at("caller.default", &req, t0);
+        a.add_at("caller.default", &report("10.0.1.7:8080", 1_050), t0);
+        a.add_at("caller.default", &report("10.0.1.8:8080", 1_100), t0);
+        let stats = a.endpoint_stats("backend.ns", 10);
+        assert_eq!(stats["10.0.1.7:8080"].0, 5);
+        assert_eq!(stats["10.0.1.8:8080"].0, 10);
     }
 }
