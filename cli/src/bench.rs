@@ -68,6 +68,17 @@ pub struct BenchArgs {
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
+    /// For `control-plane`: give the service a LOAD_AWARE rule, so that every
+    /// simulated sidecar reports load each second and the control plane
+    /// pushes new weights whenever they change (without it: no rule, a report
+    /// every 10 s).
+    #[arg(long)]
+    pub load_aware: bool,
+    /// For `control-plane`: endpoints of the one service every simulated
+    /// sidecar calls and reports on, 3 by default (1 to 995: the 5 changes
+    /// add one each, up to an EndpointSlice's limit of 1,000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=995))]
+    pub endpoints: Option<u64>,
 }
 
 /// Finds the scenario file: a path, or a shipped scenario's name.
@@ -109,6 +120,14 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         let generator = overhead::Generator::choose(&args.load_generator)?;
         return overhead::run(&home, &args, generator).await;
     }
+    if args.scenario != "control-plane" {
+        if args.load_aware {
+            bail!("--load-aware: only `minimesh bench control-plane` takes it");
+        }
+        if args.endpoints.is_some() {
+            bail!("--endpoints: only `minimesh bench control-plane` takes it");
+        }
+    }
     if args.scenario == "control-plane" {
         if let Some(n) = args.sidecars.iter().find(|n| **n == 0 || **n > 15_000) {
             bail!("--sidecars {n}: must be between 1 and 15000 (each is a TCP connection in this process and the control plane)");
@@ -117,6 +136,8 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
             &args.out.join("control-plane"),
             &args.sidecars,
             args.network,
+            args.load_aware,
+            args.endpoints.unwrap_or(3) as usize,
         )
         .await;
     }

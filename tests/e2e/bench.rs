@@ -505,14 +505,64 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         println!("oha is not installed: the oha path was not run");
     }
 
-    run(&["control-plane", "--sidecars", "200"]);
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("control-plane/control-plane.json"))
-            .expect("control-plane.json"),
-    )
-    .expect("JSON");
-    let r = &v["runs"][0];
-    assert_eq!(r["sidecars"], 200, "{v:#}");
-    assert!(r["ack_p99_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
-    assert!(r["kib_per_sidecar"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
+    // Without a rule: a load report every 10 s from every sidecar, no push
+    // while nothing changes. With LOAD_AWARE: a report a second from each,
+    // and new weights pushed as they move.
+    let control_plane = |extra: &[&str]| {
+        let mut args = vec!["control-plane", "--sidecars", "200"];
+        args.extend_from_slice(extra);
+        run(&args);
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("control-plane/control-plane.json"))
+                .expect("control-plane.json"),
+        )
+        .expect("JSON");
+        let r = v["runs"][0].clone();
+        assert_eq!(r["sidecars"], 200, "{v:#}");
+        assert!(r["ack_p99_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
+        assert!(r["kib_per_sidecar"].as_f64().unwrap_or(0.0) > 0.0, "{v:#}");
+        assert!(r["cpu_cores"].as_f64().unwrap_or(-1.0) >= 0.0, "{v:#}");
+        r
+    };
+    let r = control_plane(&[]);
+    assert_eq!(r["load_aware"], false, "{r:#}");
+    assert_eq!(r["report_interval_ms"], 10_000, "{r:#}");
+    let reports = r["reports_per_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (10.0..=30.0).contains(&reports),
+        "200 sidecars every 10 s: {r:#}"
+    );
+    assert_eq!(r["eds_pushes_per_sidecar_per_s"], 0.0, "{r:#}");
+    assert_eq!(r["endpoints"], 3, "{r:#}");
+    let r = control_plane(&["--load-aware", "--endpoints", "20"]);
+    assert_eq!(r["load_aware"], true, "{r:#}");
+    assert_eq!(r["endpoints"], 20, "{r:#}");
+    assert_eq!(r["report_interval_ms"], 1_000, "{r:#}");
+    let reports = r["reports_per_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (150.0..=250.0).contains(&reports),
+        "200 sidecars every second: {r:#}"
+    );
+    let pushes = r["eds_pushes_per_sidecar_per_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (0.1..=1.5).contains(&pushes),
+        "new weights at most once a second: {r:#}"
+    );
+
+    // The flags mean nothing to the other benchmarks: refused, not ignored.
+    for (flag, value) in [("--load-aware", None), ("--endpoints", Some("3"))] {
+        let o = Command::new(bin("minimesh"))
+            .args(["bench", "lb-lab-steady", flag])
+            .args(value)
+            .output()
+            .expect("runs");
+        assert!(!o.status.success());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(&format!(
+                "{flag}: only `minimesh bench control-plane` takes it"
+            )),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }

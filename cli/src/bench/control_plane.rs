@@ -16,12 +16,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use minimesh_control_plane::load::LATENCY_BUCKET_BOUNDS_MS;
+use minimesh_proto::prost::Message as _;
 use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
-use minimesh_proto::v1::{DiscoveryRequest, LoadStatsRequest, Node};
+use minimesh_proto::v1::{
+    ClusterLoadAssignment, ClusterStats, DiscoveryRequest, EndpointStats, LoadStatsRequest, Node,
+};
 use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
 use serde::Serialize;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -30,6 +34,8 @@ use tokio_stream::wrappers::ReceiverStream;
 pub struct ScaleResult {
     /// Simulated sidecars connected.
     pub sidecars: usize,
+    /// Endpoints of the service before the changes (each change adds one).
+    pub endpoints: usize,
     /// Time to connect them all and deliver their first config, s.
     pub connect_s: f64,
     /// Control plane RSS with no sidecar, MiB.
@@ -38,6 +44,17 @@ pub struct ScaleResult {
     pub rss_mib: f64,
     /// (rss - base) / sidecars, KiB.
     pub kib_per_sidecar: f64,
+    /// The service had a LOAD_AWARE rule (`--load-aware`).
+    pub load_aware: bool,
+    /// Load-report interval the control plane asked for, ms.
+    pub report_interval_ms: u64,
+    /// Load reports received a second, at steady state.
+    pub reports_per_s: f64,
+    /// Endpoint (EDS) pushes each sidecar received a second, at steady
+    /// state (LOAD_AWARE's new weights; nothing else changes then).
+    pub eds_pushes_per_sidecar_per_s: f64,
+    /// Control plane CPU at steady state, cores (1.0 = one core busy).
+    pub cpu_cores: f64,
     /// Change to ACK, over every sidecar and change: p50, p99, max (ms).
     pub ack_p50_ms: f64,
     /// p99.
@@ -73,14 +90,109 @@ fn slice(endpoints: usize) -> String {
     y
 }
 
-/// One simulated sidecar: subscribes to every type, ACKs each response, and
-/// records when it ACKed each endpoints version.
-async fn sidecar(
-    addr: SocketAddr,
-    i: usize,
-    acks: Arc<Mutex<Vec<(String, Instant)>>>,
-    ready: Arc<AtomicU64>,
-) -> anyhow::Result<()> {
+/// What the simulated sidecars share with the bench.
+#[derive(Default)]
+struct Shared {
+    /// (endpoints in a sidecar's EDS, when it ACKed them), each time the
+    /// number changed: an EndpointSlice change adds one endpoint.
+    acks: std::sync::Mutex<Vec<(usize, Instant)>>,
+    /// Sidecars that got their first config.
+    ready: AtomicU64,
+    /// Endpoint (EDS) responses received, by every sidecar.
+    eds_responses: AtomicU64,
+    /// Load reports sent, by every sidecar.
+    reports: AtomicU64,
+    /// The report interval the control plane asked for, ms.
+    interval_ms: AtomicU64,
+}
+
+/// Requests a second each simulated sidecar reports sending.
+const SIMULATED_RPS: f64 = 10.0;
+
+/// Capacity of the simulated endpoint at `address` (1, 2 or 3, from the last
+/// octet; the same for every sidecar).
+fn capacity(address: &str) -> f64 {
+    let octet = address
+        .split(':')
+        .next()
+        .and_then(|ip| ip.rsplit('.').next())
+        .and_then(|o| o.parse::<u64>().ok())
+        .unwrap_or(1);
+    ((octet + 2) % 3 + 1) as f64
+}
+
+/// One interval's report, as a real sidecar sends it: every endpoint of the
+/// cluster, with made-up traffic. Each sidecar sends [`SIMULATED_RPS`],
+/// split by the endpoints' weights; an endpoint's latency grows with its
+/// share over its capacity, with ±10% noise, so LOAD_AWARE's weights move
+/// every second as they would under real traffic.
+fn report(
+    cluster: &str,
+    endpoints: &[(String, u32)],
+    interval: Duration,
+    sequence: &mut u64,
+    rng: &mut u64,
+) -> LoadStatsRequest {
+    let total_weight: f64 = endpoints
+        .iter()
+        .map(|(_, w)| f64::from(*w))
+        .sum::<f64>()
+        .max(1.0);
+    let total_capacity: f64 = endpoints
+        .iter()
+        .map(|(a, _)| capacity(a))
+        .sum::<f64>()
+        .max(1.0);
+    let secs = interval.as_secs_f64();
+    let endpoint_stats = endpoints
+        .iter()
+        .map(|(address, weight)| {
+            let share = f64::from(*weight) / total_weight;
+            let mut uniform = || {
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                (*rng % 1_000_000) as f64 / 1_000_000.0
+            };
+            let latency_ms = 10.0
+                * (1.0 + 2.0 * share * total_capacity / capacity(address))
+                * (0.9 + 0.2 * uniform());
+            // Rounded at random, so that small shares still add up.
+            let issued = (SIMULATED_RPS * secs * share + uniform()).floor() as u64;
+            let mut histogram = vec![0; LATENCY_BUCKET_BOUNDS_MS.len() + 1];
+            let bucket = LATENCY_BUCKET_BOUNDS_MS
+                .iter()
+                .position(|b| latency_ms <= *b as f64)
+                .unwrap_or(LATENCY_BUCKET_BOUNDS_MS.len());
+            histogram[bucket] = issued;
+            *sequence += 1;
+            EndpointStats {
+                address: address.clone(),
+                requests_issued: issued,
+                requests_succeeded: issued,
+                requests_failed: 0,
+                requests_in_progress: (SIMULATED_RPS * share * latency_ms / 1000.0).round() as u64,
+                latency_sum_ms: issued as f64 * latency_ms,
+                latency_count: issued,
+                latency_histogram: histogram,
+                sequence: *sequence,
+            }
+        })
+        .collect();
+    LoadStatsRequest {
+        node: None,
+        cluster_stats: vec![ClusterStats {
+            cluster_name: cluster.to_string(),
+            endpoint_stats,
+            load_report_interval_ms: interval.as_millis() as u64,
+        }],
+    }
+}
+
+/// One simulated sidecar: subscribes to every type, ACKs each response,
+/// records when the number of endpoints it holds changed, and reports load
+/// at the interval the control plane asks for, as a real sidecar does.
+async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Result<()> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .connect()
         .await?;
@@ -92,8 +204,7 @@ async fn sidecar(
         namespace: "default".into(),
         ..Default::default()
     };
-    // The load-report stream, on the same connection; kept open, silent
-    // (this sidecar sends no traffic).
+    // The load-report stream, on the same connection.
     let (lrs_tx, lrs_rx) = mpsc::channel(1);
     lrs_tx
         .send(LoadStatsRequest {
@@ -105,7 +216,19 @@ async fn sidecar(
         .stream_load_stats(ReceiverStream::new(lrs_rx))
         .await?
         .into_inner();
-    let _interval = lrs.message().await?;
+    let first = lrs
+        .message()
+        .await?
+        .context("the load-report stream ended before naming an interval")?;
+    let mut interval = Duration::from_millis(first.load_reporting_interval_ms.clamp(100, 600_000));
+    shared
+        .interval_ms
+        .store(interval.as_millis() as u64, Ordering::Relaxed);
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    // Sidecars start at different times: so do their report ticks.
+    let phase = |interval: Duration, rng: u64| interval.mul_f64((rng % 1000) as f64 / 1000.0);
+    let mut tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for (k, t) in [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE]
         .into_iter()
         .enumerate()
@@ -121,38 +244,90 @@ async fn sidecar(
         .stream_aggregated_resources(ReceiverStream::new(rx))
         .await?
         .into_inner();
-    let mut first = 0;
-    while let Some(resp) = stream.message().await? {
-        tx.send(DiscoveryRequest {
-            version_info: resp.version_info.clone(),
-            type_url: resp.type_url.clone(),
-            response_nonce: resp.nonce.clone(),
-            ..Default::default()
-        })
-        .await?;
-        let now = Instant::now();
-        if resp.type_url == ENDPOINTS_TYPE {
-            acks.lock().await.push((resp.version_info, now));
-        }
-        first += 1;
-        if first == 3 {
-            ready.fetch_add(1, Ordering::Relaxed);
+    let mut responses = 0;
+    let mut cluster = String::new();
+    let mut endpoints: Vec<(String, u32)> = Vec::new();
+    let mut sequence = 0;
+    loop {
+        tokio::select! {
+            resp = stream.message() => {
+                let Some(resp) = resp? else { return Ok(()) };
+                tx.send(DiscoveryRequest {
+                    version_info: resp.version_info.clone(),
+                    type_url: resp.type_url.clone(),
+                    response_nonce: resp.nonce.clone(),
+                    ..Default::default()
+                })
+                .await?;
+                let now = Instant::now();
+                if resp.type_url == ENDPOINTS_TYPE {
+                    shared.eds_responses.fetch_add(1, Ordering::Relaxed);
+                    let before = endpoints.len();
+                    for r in &resp.resources {
+                        let cla = ClusterLoadAssignment::decode(r.value.as_slice())?;
+                        cluster = cla.cluster_name;
+                        endpoints = cla
+                            .endpoints
+                            .into_iter()
+                            .map(|e| (e.address, e.weight.max(1)))
+                            .collect();
+                    }
+                    if endpoints.len() != before {
+                        shared
+                            .acks
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((endpoints.len(), now));
+                    }
+                }
+                responses += 1;
+                if responses == 3 {
+                    shared.ready.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            msg = lrs.message() => match msg? {
+                Some(m) => {
+                    interval = Duration::from_millis(m.load_reporting_interval_ms.clamp(100, 600_000));
+                    shared.interval_ms.store(interval.as_millis() as u64, Ordering::Relaxed);
+                    tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+                None => return Ok(()),
+            },
+            _ = tick.tick() => {
+                if !endpoints.is_empty() {
+                    let r = report(&cluster, &endpoints, interval, &mut sequence, &mut rng);
+                    lrs_tx.send(r).await?;
+                    shared.reports.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
-    Ok(())
 }
+
+/// The rule `--load-aware` applies.
+const LOAD_AWARE_RULE: &str = "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend, namespace: default}\nspec:\n  host: backend\n  trafficPolicy: {loadBalancer: {simple: LOAD_AWARE}}\n";
+
+/// Seconds over which the control plane's CPU is measured, with every
+/// sidecar connected and reporting and nothing changing.
+const STEADY_SECS: u64 = 10;
 
 async fn one(
     n: usize,
     dir: &Path,
     changes: usize,
     network: Ipv4Addr,
+    load_aware: bool,
+    endpoints: usize,
 ) -> anyhow::Result<ScaleResult> {
     let config = dir.join("config");
     let _ = std::fs::remove_dir_all(&config);
     std::fs::create_dir_all(&config)?;
     let svc = config.join("backend.yaml");
-    crate::mesh::write_atomic(&svc, &slice(3))?;
+    crate::mesh::write_atomic(&svc, &slice(endpoints))?;
+    if load_aware {
+        crate::mesh::write_atomic(&config.join("rule.yaml"), LOAD_AWARE_RULE)?;
+    }
     let o = network.octets();
     let cp = Ipv4Addr::new(o[0], o[1], o[2], 254);
     let xds = SocketAddr::from((cp, 15010));
@@ -187,43 +362,78 @@ async fn one(
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let base = rss_kib(pid);
-    let acks = Arc::new(Mutex::new(Vec::with_capacity(n * (changes + 1))));
-    let ready = Arc::new(AtomicU64::new(0));
+    let shared = Arc::new(Shared::default());
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        tasks.push(tokio::spawn(sidecar(xds, i, acks.clone(), ready.clone())));
+        tasks.push(tokio::spawn(sidecar(xds, i, shared.clone())));
         if i % 100 == 99 {
             // Connect in waves, as sidecars of a rolling deployment would.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    let failed = |tasks: &mut Vec<tokio::task::JoinHandle<anyhow::Result<()>>>| {
+        tasks.iter().position(|t| t.is_finished())
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while (ready.load(Ordering::Relaxed) as usize) < n {
+    while (shared.ready.load(Ordering::Relaxed) as usize) < n {
+        if let Some(k) = failed(&mut tasks) {
+            let e = (&mut tasks[k]).await;
+            bail!("simulated sidecar {k} stopped before it was configured: {e:?}");
+        }
         if Instant::now() > deadline {
             bail!(
                 "only {} of {n} simulated sidecars got their config within 120s",
-                ready.load(Ordering::Relaxed)
+                shared.ready.load(Ordering::Relaxed)
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let connect_s = t0.elapsed().as_secs_f64();
+    // Memory is measured once every sidecar has reported twice, so that the
+    // control plane holds what their reports make it keep.
+    let interval = Duration::from_millis(shared.interval_ms.load(Ordering::Relaxed));
+    let deadline = Instant::now() + interval * 3 + Duration::from_secs(30);
+    while (shared.reports.load(Ordering::Relaxed) as usize) < 2 * n {
+        if Instant::now() > deadline {
+            bail!(
+                "{} of {} load reports sent within {:?} (interval {interval:?})",
+                shared.reports.load(Ordering::Relaxed),
+                2 * n,
+                interval * 3 + Duration::from_secs(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss = rss_kib(pid);
+    // The steady state: every sidecar reporting, no change on disk.
+    let (ticks0, reports0, eds0) = (
+        super::overhead::cpu_ticks(pid),
+        shared.reports.load(Ordering::Relaxed),
+        shared.eds_responses.load(Ordering::Relaxed),
+    );
+    let steady = Instant::now();
+    tokio::time::sleep(Duration::from_secs(STEADY_SECS)).await;
+    let secs = steady.elapsed().as_secs_f64();
+    let cpu_cores =
+        (super::overhead::cpu_ticks(pid) - ticks0) as f64 / super::overhead::TICKS / secs;
+    let reports_per_s = (shared.reports.load(Ordering::Relaxed) - reports0) as f64 / secs;
+    let pushes_per_s =
+        (shared.eds_responses.load(Ordering::Relaxed) - eds0) as f64 / secs / n as f64;
     let mut lat = Vec::new();
     for c in 0..changes {
-        let before: std::collections::HashSet<String> =
-            acks.lock().await.iter().map(|(v, _)| v.clone()).collect();
+        let want = endpoints + 1 + c;
         let start = Instant::now();
-        crate::mesh::write_atomic(&svc, &slice(4 + c))?;
+        crate::mesh::write_atomic(&svc, &slice(want))?;
         let deadline = start + Duration::from_secs(60);
         loop {
-            let got: Vec<Instant> = acks
+            let got: Vec<Instant> = shared
+                .acks
                 .lock()
-                .await
+                .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .filter(|(v, _)| !before.contains(v))
+                .filter(|(len, at)| *len == want && *at >= start)
                 .map(|(_, t)| *t)
                 .collect();
             if got.len() >= n {
@@ -256,10 +466,16 @@ async fn one(
     };
     Ok(ScaleResult {
         sidecars: n,
+        endpoints,
+        load_aware,
         connect_s,
         base_rss_mib: base / 1024.0,
         rss_mib: rss / 1024.0,
         kib_per_sidecar: (rss - base) / n as f64,
+        report_interval_ms: interval.as_millis() as u64,
+        reports_per_s,
+        eds_pushes_per_sidecar_per_s: pushes_per_s,
+        cpu_cores,
         ack_p50_ms: q(0.5),
         ack_p99_ms: q(0.99),
         ack_max_ms: q(1.0),
@@ -268,43 +484,70 @@ async fn one(
 }
 
 /// Runs for each N; writes `control-plane.json` and `summary.txt` under `out`.
-pub async fn run(out: &Path, sidecars: &[usize], network: Option<Ipv4Addr>) -> anyhow::Result<()> {
+pub async fn run(
+    out: &Path,
+    sidecars: &[usize],
+    network: Option<Ipv4Addr>,
+    load_aware: bool,
+    endpoints: usize,
+) -> anyhow::Result<()> {
     let network = network.unwrap_or(Ipv4Addr::new(127, 0, 13, 0));
     if !network.is_loopback() {
         bail!("--network {network} is not in 127.0.0.0/8");
     }
     std::fs::create_dir_all(out)?;
     println!(
-        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), 5 EndpointSlice changes each"
+        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), one service of {endpoints} endpoints, {}; 5 EndpointSlice changes each, each adding an endpoint",
+        if load_aware {
+            "the service LOAD_AWARE (a load report a second from every sidecar, new weights pushed when they change)"
+        } else {
+            "no rule (a load report every 10 s from every sidecar, the control plane's default)"
+        }
     );
     let mut results = Vec::new();
     for &n in sidecars {
-        let r = one(n, out, 5, network)
+        let r = one(n, out, 5, network, load_aware, endpoints)
             .await
             .with_context(|| format!("{n} sidecars"))?;
         println!(
-            "  {n:>6} sidecars: connected in {:.1}s; RSS {:.1} -> {:.1} MiB ({:.1} KiB per sidecar); change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            r.connect_s, r.base_rss_mib, r.rss_mib, r.kib_per_sidecar, r.ack_p50_ms, r.ack_p99_ms, r.ack_max_ms
+            "  {n:>6} sidecars: connected in {:.1}s; RSS {:.1} -> {:.1} MiB ({:.1} KiB per sidecar); {:.0} reports/s, {:.2} pushes per sidecar a second, {:.2} cores; change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            r.connect_s, r.base_rss_mib, r.rss_mib, r.kib_per_sidecar, r.reports_per_s, r.eds_pushes_per_sidecar_per_s, r.cpu_cores, r.ack_p50_ms, r.ack_p99_ms, r.ack_max_ms
         );
         results.push(r);
     }
     let mut s = format!(
-        "\n{:>8} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}\n",
-        "sidecars", "connect", "RSS", "per sidecar", "ACK p50", "ACK p99", "ACK max"
+        "\n{:>8} {:>10} {:>10} {:>12} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10}\n",
+        "sidecars",
+        "connect",
+        "RSS",
+        "per sidecar",
+        "reports/s",
+        "pushes/s",
+        "CPU",
+        "ACK p50",
+        "ACK p99",
+        "ACK max"
     );
     for r in &results {
         let _ = writeln!(
             s,
-            "{:>8} {:>9.1}s {:>6.1} MiB {:>8.1} KiB {:>8.0}ms {:>8.0}ms {:>8.0}ms",
+            "{:>8} {:>9.1}s {:>6.1} MiB {:>8.1} KiB {:>10.0} {:>10.2} {:>7.2} {:>8.0}ms {:>8.0}ms {:>8.0}ms",
             r.sidecars,
             r.connect_s,
             r.rss_mib,
             r.kib_per_sidecar,
+            r.reports_per_s,
+            r.eds_pushes_per_sidecar_per_s,
+            r.cpu_cores,
             r.ack_p50_ms,
             r.ack_p99_ms,
             r.ack_max_ms
         );
     }
+    let _ = writeln!(
+        s,
+        "(pushes/s: endpoint pushes each sidecar received a second with nothing changing on disk; CPU: the control plane's, in cores, over those {STEADY_SECS} s)"
+    );
     super::save(
         out,
         &s,

@@ -170,7 +170,7 @@ fn usage(pid: u32) -> (u64, u64) {
 const PEER_WORKERS: usize = 2;
 
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
+pub(crate) const TICKS: f64 = 100.0;
 
 /// What sends the load.
 #[derive(Debug, Clone)]
