@@ -7,9 +7,10 @@
 //! buffer for its whole life, and a task per stream: most of what a
 //! connected sidecar cost. Here a connection holds buffers only while bytes
 //! are in flight (a partial frame read, a write the socket did not take), and
-//! its streams are polled by the connection's own task. The gRPC side is
-//! tonic's, unchanged: each stream becomes an `http::Request` for the
-//! generated services, and their response bodies are framed back.
+//! its streams are polled by the connection's own task. Each stream becomes
+//! an `http::Request` for the handler; the gRPC framing of the discovery
+//! services is [`crate::grpc`]'s (tonic's message types and statuses, not its
+//! generated servers, whose per-stream buffers stay at their largest).
 //!
 //! What the server does and refuses:
 //! - Flow control both ways. The peer may have at most a window (64 KiB) of
@@ -49,8 +50,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
-/// The response a handler produces for a stream (tonic's generated servers
-/// return exactly this).
+/// The response a handler produces for a stream (also what tonic's
+/// generated servers return).
 pub type ResponseFuture =
     Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
 

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod discovery;
+mod grpc;
 pub mod http2;
 pub mod load;
 pub mod load_aware;
@@ -26,14 +27,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use minimesh_proto::v1::aggregated_discovery_service_server::{
-    self, AggregatedDiscoveryServiceServer,
-};
-use minimesh_proto::v1::load_reporting_service_server::{self, LoadReportingServiceServer};
+use minimesh_proto::v1::aggregated_discovery_service_server;
+use minimesh_proto::v1::load_reporting_service_server;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::codegen::Service;
 use tracing::{info, warn};
 
 use crate::admin::{Admin, ConfigView};
@@ -195,24 +193,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     info!(xds = %args.xds_addr, admin = %args.admin_addr, source = %args.source, "control plane serving");
 
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
-    let ads = AggregatedDiscoveryServiceServer::new(discovery);
-    let lrs = LoadReportingServiceServer::new(load::LoadReports {
+    let lrs = load::LoadReports {
         aggregator,
         la: la.clone(),
-    });
+    };
     // gRPC paths are /<service>/<method>.
-    let ads_prefix = format!("/{}/", aggregated_discovery_service_server::SERVICE_NAME);
-    let lrs_prefix = format!("/{}/", load_reporting_service_server::SERVICE_NAME);
+    let ads = aggregated_discovery_service_server::SERVICE_NAME;
+    let sotw = format!("/{ads}/StreamAggregatedResources");
+    let delta = format!("/{ads}/DeltaAggregatedResources");
+    let reports = format!(
+        "/{}/StreamLoadStats",
+        load_reporting_service_server::SERVICE_NAME
+    );
     let handler: http2::Handler = Arc::new(move |request| {
         let path = request.uri().path();
-        if path.starts_with(&ads_prefix) {
-            ads.clone().call(request)
-        } else if path.starts_with(&lrs_prefix) {
-            lrs.clone().call(request)
+        let response = if path == sotw {
+            grpc::serve(request, |inbound| discovery.sotw(inbound))
+        } else if path == delta {
+            grpc::serve(request, |inbound| discovery.delta(inbound))
+        } else if path == reports {
+            grpc::serve(request, |inbound| lrs.open(inbound))
         } else {
-            let status = tonic::Status::unimplemented(format!("no service serves {path}"));
-            Box::pin(std::future::ready(Ok(status.into_http())))
-        }
+            tonic::Status::unimplemented(format!("no service serves {path}")).into_http()
+        };
+        Box::pin(std::future::ready(Ok(response)))
     });
     http2::serve(
         xds_listener,

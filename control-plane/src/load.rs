@@ -6,14 +6,14 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use minimesh_proto::v1::load_reporting_service_server::LoadReportingService;
 use minimesh_proto::v1::{LoadStatsRequest, LoadStatsResponse};
 use serde_json::{json, Value};
 use tokio::time::Instant;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 use tracing::{debug, warn};
 
 use crate::discovery::session::{drive, BoxStream, Session};
+use crate::grpc::Inbound;
 
 /// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
 pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
@@ -340,24 +340,15 @@ pub struct LoadReports {
     pub la: Arc<crate::LoadAwareState>,
 }
 
-#[tonic::async_trait]
-impl LoadReportingService for LoadReports {
-    type StreamLoadStatsStream = BoxStream<LoadStatsResponse>;
-
-    async fn stream_load_stats(
-        &self,
-        request: Request<Streaming<LoadStatsRequest>>,
-    ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
+impl LoadReports {
+    /// A load-report stream (`StreamLoadStats`).
+    pub(crate) fn open(&self, inbound: Inbound<LoadStatsRequest>) -> BoxStream<LoadStatsResponse> {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
             sent_interval: 0,
         };
-        Ok(Response::new(drive(
-            session,
-            request.into_inner(),
-            self.la.report_interval_ms.subscribe(),
-        )))
+        drive(session, inbound, self.la.report_interval_ms.subscribe())
     }
 }
 

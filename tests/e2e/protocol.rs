@@ -201,6 +201,33 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
         .expect_err("no such service");
     assert_eq!(err.code(), tonic::Code::Unimplemented);
     assert_eq!(err.message(), "no service serves /minimesh.v1.Nope/Call");
+
+    // A request over 4 MiB ends its stream with the size and the limit,
+    // before the control plane holds it.
+    let huge = DiscoveryRequest {
+        node: node(),
+        type_url: CLUSTER_TYPE.into(),
+        resource_names: (0..50_000).map(|i| format!("{i:0>100}")).collect(),
+        ..Default::default()
+    };
+    let len = minimesh_proto::prost::Message::encoded_len(&huge);
+    let (tx3, rx3) = mpsc::channel(1);
+    tx3.send(huge).await.expect("send");
+    let mut s3 = c
+        .stream_aggregated_resources(ReceiverStream::new(rx3))
+        .await
+        .expect("stream")
+        .into_inner();
+    let err = tokio::time::timeout(Duration::from_secs(5), s3.message())
+        .await
+        .expect("an answer within 5s")
+        .expect_err("the stream fails");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        err.message(),
+        format!("a message of {len} bytes; the limit is 4194304")
+    );
+    connected_becomes(&net, 0).await;
 }
 
 fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {

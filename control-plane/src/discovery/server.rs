@@ -10,19 +10,19 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     ErrorDetail, Node, Resource,
 };
 use minimesh_proto::ALL_TYPES;
 use tokio::sync::watch;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 use tracing::{debug, info, warn};
 
 use super::registry::{now_ms, Nack, Registry, StreamHandle, TypeMap};
 use super::session::{drive, BoxStream, Session};
 use crate::cache::{fnv, Snapshot, TypeSnapshot};
+use crate::grpc::Inbound;
 use crate::metrics::Metrics;
 
 /// The discovery service.
@@ -48,28 +48,21 @@ impl Discovery {
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Discovery {
-    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.open::<Sotw>(request.into_inner())))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.open::<Delta>(request.into_inner())))
-    }
-}
-
 impl Discovery {
-    fn open<P: Protocol>(&self, inbound: Streaming<P::Request>) -> BoxStream<P::Response> {
+    /// A state-of-the-world stream (`StreamAggregatedResources`).
+    pub(crate) fn sotw(&self, inbound: Inbound<DiscoveryRequest>) -> BoxStream<DiscoveryResponse> {
+        self.open::<Sotw>(inbound)
+    }
+
+    /// A delta stream (`DeltaAggregatedResources`).
+    pub(crate) fn delta(
+        &self,
+        inbound: Inbound<DeltaDiscoveryRequest>,
+    ) -> BoxStream<DeltaDiscoveryResponse> {
+        self.open::<Delta>(inbound)
+    }
+
+    fn open<P: Protocol>(&self, inbound: Inbound<P::Request>) -> BoxStream<P::Response> {
         self.metrics.connected.inc();
         let stream = XdsStream::<P> {
             ledger: Ledger {
@@ -89,7 +82,7 @@ impl Discovery {
 trait Protocol: Send + Unpin + Sized + 'static {
     /// As the registry and `/debug/proxies` name it.
     const NAME: &'static str;
-    type Request: Send + 'static;
+    type Request: prost::Message + Default + Send + 'static;
     type Response: Send + Unpin + 'static;
     /// What the stream knows of one resource type.
     type State: Default + Send + Unpin + 'static;

@@ -11,8 +11,10 @@ use std::task::{Context, Poll};
 use futures_util::Stream;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
-use tonic::{Status, Streaming};
+use tonic::Status;
 use tracing::debug;
+
+use crate::grpc::Inbound;
 
 /// A gRPC response stream.
 pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -20,7 +22,7 @@ pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Se
 /// What one stream does with the client's requests and with changes of the
 /// value it watches (the config snapshot, the load-report interval).
 pub(crate) trait Session: Send + Unpin + 'static {
-    type Request: Send + 'static;
+    type Request: prost::Message + Default + Send + 'static;
     type Response: Send + Unpin + 'static;
     type Watched: Clone + Send + Sync + 'static;
 
@@ -43,7 +45,7 @@ pub(crate) trait Session: Send + Unpin + 'static {
 /// Runs `session` on `inbound`, watching `watched`.
 pub(crate) fn drive<S: Session>(
     session: S,
-    inbound: Streaming<S::Request>,
+    inbound: Inbound<S::Request>,
     watched: watch::Receiver<S::Watched>,
 ) -> BoxStream<S::Response> {
     Box::pin(Driver {
@@ -59,7 +61,7 @@ pub(crate) fn drive<S: Session>(
 
 struct Driver<S: Session> {
     session: S,
-    inbound: Streaming<S::Request>,
+    inbound: Inbound<S::Request>,
     /// For the value as of a request.
     current: watch::Receiver<S::Watched>,
     changes: WatchStream<S::Watched>,
@@ -99,7 +101,11 @@ impl<S: Session> Stream for Driver<S> {
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    // A request that could not be read (too large,
+                    // compressed, undecodable): the client is told why. A
+                    // reset stream hears nothing more anyway.
                     debug!(error = %e, "stream ended");
+                    this.error = Some(e);
                     this.end();
                     continue;
                 }
