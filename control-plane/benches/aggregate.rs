@@ -60,7 +60,7 @@ fn main() {
         best = best.min(start.elapsed().as_secs_f64());
     }
     let start = Instant::now();
-    let view = agg.view();
+    let view = agg.view(&Default::default());
     let view_cost = start.elapsed();
     assert!(view["clusters"]["backend.default.svc.cluster.local:80"]
         .as_object()

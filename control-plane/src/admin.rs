@@ -115,7 +115,8 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             if out.ends_with("# EOF\n") {
                 out.truncate(out.len() - "# EOF\n".len());
             }
-            load_metrics(&mut out, &admin.load.view());
+            let known = known_endpoints(&admin.snapshots.borrow());
+            load_metrics(&mut out, &admin.load.view(&known));
             out.push_str("# EOF\n");
             let mut resp = text(StatusCode::OK, out);
             resp.headers_mut().insert(
@@ -125,7 +126,10 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             resp
         }
         "/debug/proxies" => json_response(&json!(admin.proxies.list())),
-        "/debug/load" => json_response(&admin.load.view()),
+        "/debug/load" => {
+            let known = known_endpoints(&admin.snapshots.borrow());
+            json_response(&admin.load.view(&known))
+        }
         "/debug/config" => {
             let c = admin.config();
             let errors: Vec<Value> = c
@@ -201,6 +205,22 @@ fn load_metrics(out: &mut String, view: &Value) {
             }
         }
     }
+}
+
+/// Every endpoint address of every cluster in `snap`.
+fn known_endpoints(snap: &Snapshot) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    if let Some(eps) = snap.get(ENDPOINTS_TYPE) {
+        for (name, entry) in &eps.resources {
+            if let Ok(cla) = ClusterLoadAssignment::decode(entry.any.value.as_slice()) {
+                out.insert(
+                    name.clone(),
+                    cla.endpoints.into_iter().map(|e| e.address).collect(),
+                );
+            }
+        }
+    }
+    out
 }
 
 fn endpoints_view(snap: &Snapshot) -> Value {

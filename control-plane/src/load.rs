@@ -274,8 +274,11 @@ impl Aggregator {
         out
     }
 
-    /// The view: per cluster, per endpoint.
-    pub fn view(&self) -> Value {
+    /// The view: per cluster, per endpoint. `known` lists every endpoint of
+    /// every cluster in the config: sidecars report only the endpoints they
+    /// called, so one nobody called (an ejected one, say) is listed from
+    /// here, with nothing counted and no reporter.
+    pub fn view(&self, known: &BTreeMap<String, Vec<String>>) -> Value {
         let now = Instant::now();
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let window = self.window.as_secs_f64();
@@ -302,6 +305,23 @@ impl Aggregator {
                     "reporters": t.reporters,
                 }),
             );
+        }
+        for (cluster, eps) in known {
+            let listed = out.entry(cluster.clone()).or_default();
+            for ep in eps {
+                listed.entry(ep.clone()).or_insert_with(|| {
+                    json!({
+                        "rps": 0.0,
+                        "requests": 0,
+                        "success_ratio": 1.0,
+                        "in_flight": 0,
+                        "p50_ms": null,
+                        "p95_ms": null,
+                        "p99_ms": null,
+                        "reporters": 0,
+                    })
+                });
+            }
         }
         for (cluster, eps) in out.iter_mut() {
             let total = totals.get(cluster).copied().unwrap_or(0).max(1) as f64;

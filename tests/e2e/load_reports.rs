@@ -18,6 +18,8 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
     )
     .await;
     net.service("backend", &[1, 2, 3]);
+    // A service nobody calls: every sidecar knows it, none reports it.
+    net.service("idle", &[4]);
     let flags = ["--load-report-interval", "300ms", "--load-window", "60s"];
     let mut cp = net.control_plane_with(&flags).await;
     let _s1 = net.sidecar(100, &[]).await;
@@ -48,6 +50,15 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
         assert!(e["p95_ms"].as_u64().is_some_and(|p| p <= 250), "{e}");
     }
     assert!((total as f64 - 1500.0).abs() <= 75.0, "total {total}");
+    // Listed from the config, with nothing counted and no reporter: a
+    // sidecar reports only the endpoints it called.
+    let idle =
+        &view["clusters"]["idle.default.svc.cluster.local:80"][net.addr(4, 9090).to_string()];
+    assert_eq!(
+        (&idle["requests"], &idle["reporters"]),
+        (&serde_json::json!(0), &serde_json::json!(0)),
+        "{view:#}"
+    );
     let (_, _, metrics) = get(net.cp_admin(), "localhost", "/metrics")
         .await
         .expect("metrics");

@@ -122,7 +122,7 @@ fn capacity(address: &str) -> f64 {
 }
 
 /// One interval's report, as a real sidecar sends it: every endpoint of the
-/// cluster, with made-up traffic. Each sidecar sends [`SIMULATED_RPS`],
+/// cluster it called in the interval, with made-up traffic. Each sidecar sends [`SIMULATED_RPS`],
 /// split by the endpoints' weights; an endpoint's latency grows with its
 /// share over its capacity, with ±10% noise, so LOAD_AWARE's weights move
 /// every second as they would under real traffic.
@@ -146,7 +146,7 @@ fn report(
     let secs = interval.as_secs_f64();
     let endpoint_stats = endpoints
         .iter()
-        .map(|(address, weight)| {
+        .filter_map(|(address, weight)| {
             let share = f64::from(*weight) / total_weight;
             let mut uniform = || {
                 *rng ^= *rng << 13;
@@ -165,18 +165,23 @@ fn report(
                 .position(|b| latency_ms <= *b as f64)
                 .unwrap_or(LATENCY_BUCKET_BOUNDS_MS.len());
             histogram[bucket] = issued;
+            let in_progress = (SIMULATED_RPS * share * latency_ms / 1000.0).round() as u64;
+            // As a real sidecar: an endpoint with nothing to count is left out.
+            if issued == 0 && in_progress == 0 {
+                return None;
+            }
             *sequence += 1;
-            EndpointStats {
+            Some(EndpointStats {
                 address: address.clone(),
                 requests_issued: issued,
                 requests_succeeded: issued,
                 requests_failed: 0,
-                requests_in_progress: (SIMULATED_RPS * share * latency_ms / 1000.0).round() as u64,
+                requests_in_progress: in_progress,
                 latency_sum_ms: issued as f64 * latency_ms,
                 latency_count: issued,
                 latency_histogram: histogram,
                 sequence: *sequence,
-            }
+            })
         })
         .collect();
     LoadStatsRequest {

@@ -1,6 +1,8 @@
 //! The load-report client: every interval the control plane asks for, the
-//! counts of each endpoint since the previous report (issued, succeeded,
-//! failed, in progress, latency histogram). Each report is sent once, with a
+//! counts of each endpoint called since the previous report (issued,
+//! succeeded, failed, in progress, latency histogram); an endpoint with
+//! nothing to count is left out, so a report grows with what this sidecar
+//! calls, not with the mesh. Each report is sent once, with a
 //! sequence number that keeps increasing across reconnects and restarts, so
 //! the control plane never counts one twice; losing the control plane loses
 //! at most one interval of counts and never affects requests.
@@ -34,6 +36,7 @@ pub struct LoadReporter {
 
 #[derive(Default, Clone)]
 struct Last {
+    in_progress: u64,
     issued: u64,
     succeeded: u64,
     failed: u64,
@@ -114,6 +117,7 @@ fn collect(
         for e in c.balancer.endpoints() {
             let k = &e.counters;
             let now = Last {
+                in_progress: u64::from(e.active.load(Ordering::Relaxed)),
                 issued: k.issued.load(Ordering::Relaxed),
                 succeeded: k.succeeded.load(Ordering::Relaxed),
                 failed: k.failed.load(Ordering::Relaxed),
@@ -123,13 +127,25 @@ fn collect(
             let prev = last
                 .insert((name.clone(), e.addr.to_string()), now.clone())
                 .unwrap_or_default();
+            // An endpoint this sidecar did not call says nothing: left out,
+            // so that reports grow with what a sidecar calls, not with the
+            // mesh. Unless it had requests in flight last time: the control
+            // plane hears that they ended.
+            if now.issued == prev.issued
+                && now.succeeded == prev.succeeded
+                && now.failed == prev.failed
+                && now.in_progress == 0
+                && prev.in_progress == 0
+            {
+                continue;
+            }
             *sequence += 1;
             eps.push(EndpointStats {
                 address: e.addr.to_string(),
                 requests_issued: now.issued.saturating_sub(prev.issued),
                 requests_succeeded: now.succeeded.saturating_sub(prev.succeeded),
                 requests_failed: now.failed.saturating_sub(prev.failed),
-                requests_in_progress: u64::from(e.active.load(Ordering::Relaxed)),
+                requests_in_progress: now.in_progress,
                 latency_sum_ms: now.latency_us.saturating_sub(prev.latency_us) as f64 / 1000.0,
                 latency_count: now.succeeded.saturating_sub(prev.succeeded)
                     + now.failed.saturating_sub(prev.failed),
@@ -141,6 +157,9 @@ fn collect(
                     .collect(),
                 sequence: *sequence,
             });
+        }
+        if eps.is_empty() {
+            continue;
         }
         out.push(ClusterStats {
             cluster_name: name.clone(),
