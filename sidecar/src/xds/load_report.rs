@@ -169,3 +169,94 @@ fn collect(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolSettings;
+    use crate::routing::{HostAliases, Resources};
+    use minimesh_proto::v1::{Cluster, ClusterLoadAssignment, Endpoint, LbPolicy};
+
+    fn reported(stats: &[ClusterStats]) -> Vec<(String, u64, u64, u64)> {
+        stats
+            .iter()
+            .flat_map(|c| c.endpoint_stats.iter())
+            .map(|e| {
+                (
+                    e.address.clone(),
+                    e.requests_issued,
+                    e.requests_succeeded,
+                    e.requests_in_progress,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_endpoint_is_reported_while_called_and_once_after_its_last_request_ends() {
+        let mut resources = Resources::default();
+        for name in ["called", "idle"] {
+            resources.clusters.insert(
+                name.into(),
+                Cluster {
+                    name: name.into(),
+                    service: name.into(),
+                    namespace: "default".into(),
+                    port: 80,
+                    policy: LbPolicy::RoundRobin as i32,
+                    ..Default::default()
+                },
+            );
+            resources.endpoints.insert(
+                name.into(),
+                ClusterLoadAssignment {
+                    cluster_name: name.into(),
+                    endpoints: ["10.0.0.1:80", "10.0.0.2:80"]
+                        .map(|a| Endpoint {
+                            address: a.into(),
+                            weight: 1,
+                            ..Default::default()
+                        })
+                        .to_vec(),
+                },
+            );
+        }
+        let defaults = PoolSettings {
+            connect_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(60),
+            max_requests_per_connection: 0,
+            max_connection_ms: 0,
+            max_streams: 0,
+        };
+        let routing = resources.build(&Node::default(), &HostAliases::default(), &defaults);
+        let (mut last, mut sequence) = (HashMap::new(), 0);
+        let interval = Duration::from_secs(1);
+        let mut collect = || collect(&routing, &mut last, &mut sequence, interval);
+        // Nothing called: nothing to say, not even the clusters.
+        assert!(collect().is_empty());
+        // A request starts on one endpoint, then ends.
+        let e = &routing.clusters["called"].balancer.endpoints()[0];
+        let addr = e.addr.to_string();
+        e.counters.issued.fetch_add(1, Ordering::Relaxed);
+        e.active.fetch_add(1, Ordering::Relaxed);
+        let stats = collect();
+        assert_eq!(stats.len(), 1);
+        assert_eq!(stats[0].cluster_name, "called");
+        assert_eq!(reported(&stats), vec![(addr.clone(), 1, 0, 1)]);
+        e.active.fetch_sub(1, Ordering::Relaxed);
+        e.counters.succeeded.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 1, 0)]);
+        assert!(collect().is_empty());
+        // A request still in flight keeps it reported; once it is gone the
+        // report says so, once.
+        e.counters.issued.fetch_add(1, Ordering::Relaxed);
+        e.active.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(reported(&collect()), vec![(addr.clone(), 1, 0, 1)]);
+        assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 0, 1)]);
+        e.active.fetch_sub(1, Ordering::Relaxed);
+        assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 0, 0)]);
+        assert!(collect().is_empty());
+        // Every entry is numbered from the one counter.
+        assert_eq!(sequence, 5);
+    }
+}
