@@ -58,9 +58,9 @@ impl<T> Inbound<T> {
     }
 }
 
-/// The message at the front of `bytes`, if it is all there, and how many
-/// bytes it took.
-fn front<T: prost::Message + Default>(bytes: &[u8]) -> Option<Result<(T, usize), Status>> {
+/// The length of the message at the front of `bytes`, once its prefix is
+/// there, or why it is refused.
+fn declared_len(bytes: &[u8]) -> Option<Result<usize, Status>> {
     let header = bytes.get(..PREFIX)?;
     if header[0] != 0 {
         return Some(Err(Status::unimplemented(
@@ -73,6 +73,16 @@ fn front<T: prost::Message + Default>(bytes: &[u8]) -> Option<Result<(T, usize),
             "a message of {len} bytes; the limit is {MAX_MESSAGE_BYTES}"
         ))));
     }
+    Some(Ok(len))
+}
+
+/// The message at the front of `bytes`, if it is all there, and how many
+/// bytes it took.
+fn front<T: prost::Message + Default>(bytes: &[u8]) -> Option<Result<(T, usize), Status>> {
+    let len = match declared_len(bytes)? {
+        Ok(len) => len,
+        Err(e) => return Some(Err(e)),
+    };
     let body = bytes.get(PREFIX..PREFIX + len)?;
     Some(
         T::decode(body)
@@ -96,8 +106,7 @@ impl<T: prost::Message + Default> Inbound<T> {
             Some(Err(e)) => Some(Err(e)),
             None => {
                 // Room for the whole message at once, not by doublings.
-                if let Some(h) = self.partial.get(1..PREFIX) {
-                    let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if let Some(Ok(len)) = declared_len(&self.partial) {
                     self.partial
                         .reserve((PREFIX + len).saturating_sub(self.partial.len()));
                 }

@@ -377,12 +377,9 @@ async fn one(
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let failed = |tasks: &mut Vec<tokio::task::JoinHandle<anyhow::Result<()>>>| {
-        tasks.iter().position(|t| t.is_finished())
-    };
     let deadline = Instant::now() + Duration::from_secs(120);
     while (shared.ready.load(Ordering::Relaxed) as usize) < n {
-        if let Some(k) = failed(&mut tasks) {
+        if let Some(k) = tasks.iter().position(|t| t.is_finished()) {
             let e = (&mut tasks[k]).await;
             bail!("simulated sidecar {k} stopped before it was configured: {e:?}");
         }
