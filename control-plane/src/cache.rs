@@ -20,6 +20,10 @@ pub struct Entry {
     pub version: String,
     /// The encoded resource.
     pub any: Any,
+    /// The snapshot generation that published this content: a stream
+    /// whose client ACKed generation `g` lacks exactly the entries with
+    /// `changed > g` (and has entries since removed).
+    pub changed: u64,
 }
 
 /// Every resource of one type.
@@ -88,12 +92,14 @@ impl Cache {
             types: BTreeMap::new(),
             generation: old.generation,
         };
+        let generation = old.generation + 1;
         let mut changed = false;
         for t in ALL_TYPES {
+            let prev = old.types.get(t).map(|p| p.as_ref());
             let new_type = match t {
-                CLUSTER_TYPE => build(t, &resources.clusters),
-                ENDPOINTS_TYPE => build(t, &resources.endpoints),
-                ROUTE_TYPE => build(t, &resources.routes),
+                CLUSTER_TYPE => build(t, &resources.clusters, prev, generation),
+                ENDPOINTS_TYPE => build(t, &resources.endpoints, prev, generation),
+                ROUTE_TYPE => build(t, &resources.routes, prev, generation),
                 _ => unreachable!("ALL_TYPES lists the three types"),
             };
             match old.types.get(t) {
@@ -107,14 +113,21 @@ impl Cache {
             }
         }
         if changed {
-            next.generation += 1;
+            next.generation = generation;
             self.tx.send_replace(Arc::new(next));
         }
         changed
     }
 }
 
-fn build<M: Message>(type_url: &str, items: &BTreeMap<String, M>) -> TypeSnapshot {
+/// The resources of one type as `generation` publishes them: an entry
+/// whose content is as in `prev` is `prev`'s (and keeps its `changed`).
+fn build<M: Message>(
+    type_url: &str,
+    items: &BTreeMap<String, M>,
+    prev: Option<&TypeSnapshot>,
+    generation: u64,
+) -> TypeSnapshot {
     let mut resources = BTreeMap::new();
     let mut set = Vec::new();
     for (name, msg) in items {
@@ -123,7 +136,15 @@ fn build<M: Message>(type_url: &str, items: &BTreeMap<String, M>) -> TypeSnapsho
         set.extend_from_slice(name.as_bytes());
         set.push(0);
         set.extend_from_slice(version.as_bytes());
-        resources.insert(name.clone(), Arc::new(Entry { version, any }));
+        let entry = match prev.and_then(|p| p.resources.get(name)) {
+            Some(e) if e.version == version => e.clone(),
+            _ => Arc::new(Entry {
+                version,
+                any,
+                changed: generation,
+            }),
+        };
+        resources.insert(name.clone(), entry);
     }
     TypeSnapshot {
         version: fnv(&set),

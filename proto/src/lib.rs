@@ -54,6 +54,12 @@ fn buffer_settings() -> tonic::codec::BufferSettings {
     tonic::codec::BufferSettings::new(CODEC_BUFFER_SIZE, 32 * 1024)
 }
 
+/// The client feature (in [`v1::Node::client_features`]) of a client that
+/// keeps, in a state-of-the-world stream, the endpoint assignments a response
+/// does not name (dropping one only with its cluster): the server then sends
+/// only the assignments that changed since the client's last ACK.
+pub const PARTIAL_ENDPOINTS: &str = "minimesh.io/partial-endpoints";
+
 /// Type URL of [`v1::Cluster`].
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/minimesh.v1.Cluster";
 /// Type URL of [`v1::ClusterLoadAssignment`].

@@ -189,6 +189,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         namespace: args.namespace.clone(),
         address: args.outbound.ip().to_string(),
         zone: args.zone.clone(),
+        // The discovery client keeps what an endpoints response leaves out.
+        client_features: vec![minimesh_proto::PARTIAL_ENDPOINTS.to_string()],
     };
     let routing = Arc::new(ArcSwap::from_pointee(Routing::default()));
     let ready = Arc::new(AtomicBool::new(false));

@@ -5,8 +5,8 @@ use std::time::Duration;
 use minimesh_proto::prost::Message;
 use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use minimesh_proto::v1::{
-    Cluster, DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-    ErrorDetail, LbPolicy, Node,
+    Cluster, ClusterLoadAssignment, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+    DiscoveryRequest, DiscoveryResponse, ErrorDetail, LbPolicy, Node,
 };
 use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE};
 use tokio::sync::mpsc;
@@ -228,6 +228,131 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
         format!("a message of {len} bytes; the limit is 4194304")
     );
     connected_becomes(&net, 0).await;
+}
+
+/// (cluster, endpoints) of each assignment in an endpoints response.
+fn assignments(resp: &DiscoveryResponse) -> Vec<(String, usize)> {
+    resp.resources
+        .iter()
+        .map(|a| {
+            let c = ClusterLoadAssignment::decode(a.value.as_slice()).expect("assignment");
+            (
+                c.cluster_name.replace(".default.svc.cluster.local:80", ""),
+                c.endpoints.len(),
+            )
+        })
+        .collect()
+}
+
+/// An endpoints stream; the node announces partial endpoints if `partial`.
+async fn endpoints_stream(
+    net: &Net,
+    partial: bool,
+) -> (mpsc::Sender<DiscoveryRequest>, Streaming<DiscoveryResponse>) {
+    let (tx, rx) = mpsc::channel(8);
+    let mut node = node().expect("node");
+    if partial {
+        node.client_features = vec![minimesh_proto::PARTIAL_ENDPOINTS.into()];
+    }
+    tx.send(DiscoveryRequest {
+        node: Some(node),
+        type_url: ENDPOINTS_TYPE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let s = client(net)
+        .await
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    (tx, s)
+}
+
+async fn ack(tx: &mpsc::Sender<DiscoveryRequest>, resp: &DiscoveryResponse) {
+    tx.send(DiscoveryRequest {
+        version_info: resp.version_info.clone(),
+        type_url: resp.type_url.clone(),
+        response_nonce: resp.nonce.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("ack");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_responses_carry_only_what_changed_to_a_client_that_keeps_the_rest() {
+    let net = Net::new(33);
+    net.service("a", &[1, 2]);
+    net.service("b", &[3]);
+    net.service("c", &[4]);
+    let _cp = net.control_plane().await;
+    let (ptx, mut partial) = endpoints_stream(&net, true).await;
+    let (ftx, mut full) = endpoints_stream(&net, false).await;
+    let all = vec![("a".to_string(), 2), ("b".into(), 1), ("c".into(), 1)];
+    // The first response is the whole set, for both.
+    let p1 = next(&mut partial).await;
+    let f1 = next(&mut full).await;
+    assert_eq!(assignments(&p1), all);
+    assert_eq!(assignments(&f1), all);
+    ack(&ptx, &p1).await;
+    ack(&ftx, &f1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // One service changes: the partial client gets its assignment alone,
+    // under the same version as the whole set.
+    net.service("b", &[3, 5]);
+    let p2 = next(&mut partial).await;
+    let f2 = next(&mut full).await;
+    assert_eq!(assignments(&p2), vec![("b".to_string(), 2)]);
+    assert_eq!(
+        assignments(&f2),
+        vec![("a".to_string(), 2), ("b".into(), 2), ("c".into(), 1)]
+    );
+    assert_eq!(p2.version_info, f2.version_info);
+    // NACKed: the next response carries that change again, with the new one.
+    ptx.send(DiscoveryRequest {
+        version_info: p1.version_info.clone(),
+        type_url: ENDPOINTS_TYPE.into(),
+        response_nonce: p2.nonce.clone(),
+        error_detail: Some(ErrorDetail {
+            code: 3,
+            message: "test says no".into(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("nack");
+    ack(&ftx, &f2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    net.service("c", &[4, 6]);
+    let p3 = next(&mut partial).await;
+    assert_eq!(
+        assignments(&p3),
+        vec![("b".to_string(), 2), ("c".into(), 2)]
+    );
+    assert_eq!(assignments(&next(&mut full).await).len(), 3);
+    ack(&ptx, &p3).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // A service goes: its cluster goes, and the client drops the assignment
+    // with it; the endpoints response names nothing new.
+    net.remove("svc-c.yaml");
+    let p4 = next(&mut partial).await;
+    assert_eq!(assignments(&p4), vec![]);
+    assert_ne!(p4.version_info, p3.version_info);
+    ack(&ptx, &p4).await;
+
+    // A reconnecting client gets the whole set again.
+    drop((ptx, partial));
+    let (_ptx, mut again) = endpoints_stream(&net, true).await;
+    let p5 = next(&mut again).await;
+    assert_eq!(
+        assignments(&p5),
+        vec![("a".to_string(), 2), ("b".into(), 2)]
+    );
+    assert_eq!(p5.version_info, p4.version_info);
 }
 
 fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {

@@ -14,7 +14,7 @@ use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     ErrorDetail, Node, Resource,
 };
-use minimesh_proto::ALL_TYPES;
+use minimesh_proto::{ALL_TYPES, ENDPOINTS_TYPE, PARTIAL_ENDPOINTS};
 use tokio::sync::watch;
 use tonic::Status;
 use tracing::{debug, info, warn};
@@ -71,6 +71,7 @@ impl Discovery {
                 nonce: 0,
             },
             types: TypeMap::default(),
+            partial_endpoints: false,
         };
         drive(stream, inbound, self.snapshots.clone())
     }
@@ -108,6 +109,9 @@ trait Protocol: Send + Unpin + Sized + 'static {
 struct XdsStream<P: Protocol> {
     ledger: Ledger,
     types: TypeMap<P::State>,
+    /// The client keeps endpoint assignments a state-of-the-world response
+    /// leaves out ([`PARTIAL_ENDPOINTS`] in its node's features).
+    partial_endpoints: bool,
 }
 
 /// What a stream records of itself, whatever its protocol: its entry in the
@@ -156,6 +160,7 @@ impl<P: Protocol> XdsStream<P> {
     ) -> Result<(&'static str, bool), Status> {
         if let Some(node) = node {
             self.ledger.handle.set_node(node);
+            self.partial_endpoints = node.client_features.iter().any(|f| f == PARTIAL_ENDPOINTS);
         }
         let t = known_type(type_url)?;
         Ok((t, !self.types.contains_key(t)))
@@ -236,10 +241,20 @@ struct SotwType {
     names: Option<BTreeSet<String>>,
     sent_version: Option<String>,
     nonce: Option<String>,
+    /// The snapshot generation of the last response sent.
+    sent_generation: u64,
+    /// The generation the client last ACKed: what it holds (partial
+    /// endpoints only).
+    acked_generation: Option<u64>,
 }
 
 /// The state-of-the-world protocol: every response carries every
-/// subscribed resource of its type.
+/// subscribed resource of its type, except endpoint assignments to a
+/// client with the partial-endpoints feature: those that changed since the
+/// generation it last ACKed (every one on its first request or a new
+/// subscription). Envoy's xDS allows this for every type but listeners and
+/// clusters; the client drops an assignment when its cluster goes (the
+/// control plane publishes one assignment per cluster, under its name).
 struct Sotw;
 
 impl Protocol for Sotw {
@@ -266,6 +281,9 @@ impl Protocol for Sotw {
         ) {
             return Ok(());
         }
+        if !req.response_nonce.is_empty() && req.error_detail.is_none() {
+            state.acked_generation = Some(state.sent_generation);
+        }
         let names = if req.resource_names.is_empty() {
             None
         } else {
@@ -291,11 +309,18 @@ impl Protocol for Sotw {
         };
         let empty = Arc::new(TypeSnapshot::default());
         let ts = snap.get(t).unwrap_or(&empty);
+        // Entries changed after `since` are sent; all when None.
+        let since = match (force, t == ENDPOINTS_TYPE && stream.partial_endpoints) {
+            (false, true) => state.acked_generation,
+            _ => None,
+        };
+        let lacks = |e: &crate::cache::Entry| since.is_none_or(|g| e.changed > g);
         let (version, resources) = match &state.names {
             None => (
                 ts.version.clone(),
                 ts.resources
                     .values()
+                    .filter(|e| lacks(e))
                     .map(|e| e.any.clone())
                     .collect::<Vec<_>>(),
             ),
@@ -306,7 +331,9 @@ impl Protocol for Sotw {
                     if let Some(e) = ts.resources.get(n) {
                         set.extend_from_slice(n.as_bytes());
                         set.extend_from_slice(e.version.as_bytes());
-                        out.push(e.any.clone());
+                        if lacks(e) {
+                            out.push(e.any.clone());
+                        }
                     }
                 }
                 (fnv(&set), out)
@@ -316,6 +343,7 @@ impl Protocol for Sotw {
             return;
         }
         state.sent_version = Some(version.clone());
+        state.sent_generation = snap.generation;
         let nonce = stream.ledger.pushed(t, &version);
         state.nonce = Some(nonce.clone());
         out.push_back(DiscoveryResponse {

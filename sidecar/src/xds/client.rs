@@ -177,8 +177,11 @@ fn decode_all<M: Message + Default>(resp: &DiscoveryResponse) -> Result<Vec<M>, 
         .collect()
 }
 
-/// Validates a whole response and, only if all of it is usable, replaces
-/// that type's resources.
+/// Validates a whole response and, only if all of it is usable, applies it:
+/// clusters and routes are replaced; endpoint assignments are replaced by
+/// name and the others kept (the node announces
+/// [`minimesh_proto::PARTIAL_ENDPOINTS`], so the control plane sends those
+/// that changed), and an assignment goes when its cluster does.
 fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), String> {
     match t {
         CLUSTER_TYPE => {
@@ -193,6 +196,8 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
                 return Err(errors.join("; "));
             }
             res.clusters = items.into_iter().map(|c| (c.name.clone(), c)).collect();
+            let clusters = &res.clusters;
+            res.endpoints.retain(|name, _| clusters.contains_key(name));
         }
         ENDPOINTS_TYPE => {
             let items: Vec<ClusterLoadAssignment> = decode_all(resp)?;
@@ -205,10 +210,9 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
             if !errors.is_empty() {
                 return Err(errors.join("; "));
             }
-            res.endpoints = items
-                .into_iter()
-                .map(|c| (c.cluster_name.clone(), c))
-                .collect();
+            for c in items {
+                res.endpoints.insert(c.cluster_name.clone(), c);
+            }
         }
         ROUTE_TYPE => {
             let items: Vec<Route> = decode_all(resp)?;
@@ -220,4 +224,89 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
         _ => return Err(format!("unknown type {t}")),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minimesh_proto::to_any;
+    use minimesh_proto::v1::Endpoint;
+
+    fn response(t: &str, items: &[impl Message]) -> DiscoveryResponse {
+        DiscoveryResponse {
+            version_info: "v".into(),
+            resources: items.iter().map(|m| to_any(t, m)).collect(),
+            type_url: t.into(),
+            nonce: "1".into(),
+        }
+    }
+
+    fn cluster(name: &str) -> Cluster {
+        Cluster {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    fn assignment(cluster: &str, addresses: &[&str]) -> ClusterLoadAssignment {
+        ClusterLoadAssignment {
+            cluster_name: cluster.into(),
+            endpoints: addresses
+                .iter()
+                .map(|a| Endpoint {
+                    address: a.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn held(res: &Resources) -> Vec<(String, usize)> {
+        res.endpoints
+            .iter()
+            .map(|(n, c)| (n.clone(), c.endpoints.len()))
+            .collect()
+    }
+
+    #[test]
+    fn an_endpoints_response_replaces_what_it_names_and_a_cluster_takes_its_endpoints_when_it_goes()
+    {
+        let mut res = Resources::default();
+        apply(
+            CLUSTER_TYPE,
+            &response(CLUSTER_TYPE, &[cluster("x"), cluster("y")]),
+            &mut res,
+        )
+        .expect("clusters");
+        let both = [
+            assignment("x", &["10.0.0.1:80"]),
+            assignment("y", &["10.0.0.2:80", "10.0.0.3:80"]),
+        ];
+        apply(ENDPOINTS_TYPE, &response(ENDPOINTS_TYPE, &both), &mut res).expect("endpoints");
+        assert_eq!(held(&res), [("x".into(), 1), ("y".into(), 2)]);
+
+        // Only x changed: y is kept as it was.
+        let x = [assignment("x", &["10.0.0.1:80", "10.0.0.4:80"])];
+        apply(ENDPOINTS_TYPE, &response(ENDPOINTS_TYPE, &x), &mut res).expect("endpoints");
+        assert_eq!(held(&res), [("x".into(), 2), ("y".into(), 2)]);
+
+        // A response with a bad assignment changes nothing.
+        let bad = [assignment("x", &["nowhere"])];
+        let err = apply(ENDPOINTS_TYPE, &response(ENDPOINTS_TYPE, &bad), &mut res)
+            .expect_err("a bad address");
+        assert_eq!(
+            err,
+            "endpoints of x: endpoint address \"nowhere\" is not ip:port"
+        );
+        assert_eq!(held(&res), [("x".into(), 2), ("y".into(), 2)]);
+
+        // y's cluster goes: so do its endpoints.
+        apply(
+            CLUSTER_TYPE,
+            &response(CLUSTER_TYPE, &[cluster("x")]),
+            &mut res,
+        )
+        .expect("clusters");
+        assert_eq!(held(&res), [("x".into(), 2)]);
+    }
 }
