@@ -32,6 +32,13 @@
 //! cannot push a weight outside those bounds. Between updates, the sidecars'
 //! own active-request counts still react at once.
 //!
+//! The controller steps every second, but the weights it reaches are
+//! published (and pushed to every sidecar) only when one has moved by more
+//! than [`DEAD_BAND`] from what was last published ([`moved`]): near its
+//! fixed point the controller jitters by a weight or two, and pushing each
+//! jitter to every sidecar of the mesh every second would cost the control
+//! plane and the sidecars for nothing a balancer could tell apart.
+//!
 //! A first version set weights to 1/latency outright; its fixed point gives
 //! weights proportional to the square root of capacity, which sent too much
 //! to the small replicas (p95 357 ms against 158 ms for the hand-tuned
@@ -59,6 +66,27 @@ pub type Weights = Arc<RwLock<BTreeMap<String, BTreeMap<String, u32>>>>;
 pub const CONTROL_WINDOW_SECS: u64 = 2;
 /// Exponent of the latency ratio per step (damping).
 pub const GAIN: f64 = 0.5;
+
+/// How far a weight must move from the published one before new weights
+/// are published: 5%, plus one for rounding.
+pub const DEAD_BAND: f64 = 0.05;
+
+/// Whether `next` differs from the `published` weights of a cluster enough
+/// to publish: an endpoint came or went, or a weight moved by more than
+/// [`DEAD_BAND`] of the larger of the two, plus one.
+pub fn moved(published: Option<&BTreeMap<String, u32>>, next: &BTreeMap<String, u32>) -> bool {
+    let Some(published) = published else {
+        return true;
+    };
+    published.len() != next.len()
+        || next.iter().any(|(ep, w)| match published.get(ep) {
+            None => true,
+            Some(p) => {
+                let (p, w) = (f64::from(*p), f64::from(*w));
+                (w - p).abs() > DEAD_BAND * p.max(w) + 1.0
+            }
+        })
+}
 
 /// Computes the next weights of one cluster from the aggregate and the
 /// previous weights; `endpoints` are the cluster's addresses.
@@ -209,6 +237,44 @@ mod tests {
                 assert!((a - b).abs() <= 0.15 * a.max(b) + 1.0, "{history:?}");
             }
         }
+    }
+
+    #[test]
+    fn weights_are_published_when_one_moves_past_the_dead_band() {
+        let w = |v: &[(&str, u32)]| -> BTreeMap<String, u32> {
+            v.iter().map(|(e, w)| (e.to_string(), *w)).collect()
+        };
+        let published = w(&[("a", 100), ("b", 100), ("c", 2)]);
+        // Nothing published yet.
+        assert!(moved(None, &published));
+        // Jitter: 5% of 100 plus one, and one at a small weight.
+        assert!(!moved(
+            Some(&published),
+            &w(&[("a", 106), ("b", 94), ("c", 3)])
+        ));
+        // Past the band, either way.
+        assert!(moved(
+            Some(&published),
+            &w(&[("a", 107), ("b", 100), ("c", 2)])
+        ));
+        assert!(moved(
+            Some(&published),
+            &w(&[("a", 100), ("b", 93), ("c", 2)])
+        ));
+        assert!(moved(
+            Some(&published),
+            &w(&[("a", 100), ("b", 100), ("c", 4)])
+        ));
+        // An endpoint came, or went.
+        assert!(moved(
+            Some(&published),
+            &w(&[("a", 100), ("b", 100), ("c", 2), ("d", 100)])
+        ));
+        assert!(moved(Some(&published), &w(&[("a", 100), ("b", 100)])));
+        assert!(moved(
+            Some(&published),
+            &w(&[("a", 100), ("b", 100), ("d", 2)])
+        ));
     }
 
     #[test]
