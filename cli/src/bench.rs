@@ -79,6 +79,13 @@ pub struct BenchArgs {
     /// add one each, up to an EndpointSlice's limit of 1,000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=995))]
     pub endpoints: Option<u64>,
+    /// For `control-plane`: services in the mesh, 1 by default (1 to 1000).
+    /// Every simulated sidecar subscribes to all of them and calls and
+    /// reports on three (fewer when there are fewer); with `--load-aware`
+    /// every service has a LOAD_AWARE rule. The changes are made to the
+    /// first service, `backend`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub services: Option<u64>,
 }
 
 /// Finds the scenario file: a path, or a shipped scenario's name.
@@ -116,10 +123,6 @@ pub fn resolve(scenario: &str) -> anyhow::Result<PathBuf> {
 
 /// `minimesh bench`.
 pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
-    if args.scenario == "overhead" {
-        let generator = overhead::Generator::choose(&args.load_generator)?;
-        return overhead::run(&home, &args, generator).await;
-    }
     if args.scenario != "control-plane" {
         if args.load_aware {
             bail!("--load-aware: only `minimesh bench control-plane` takes it");
@@ -127,6 +130,13 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         if args.endpoints.is_some() {
             bail!("--endpoints: only `minimesh bench control-plane` takes it");
         }
+        if args.services.is_some() {
+            bail!("--services: only `minimesh bench control-plane` takes it");
+        }
+    }
+    if args.scenario == "overhead" {
+        let generator = overhead::Generator::choose(&args.load_generator)?;
+        return overhead::run(&home, &args, generator).await;
     }
     if args.scenario == "control-plane" {
         if let Some(n) = args.sidecars.iter().find(|n| **n == 0 || **n > 15_000) {
@@ -138,6 +148,7 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
             args.network,
             args.load_aware,
             args.endpoints.unwrap_or(3) as usize,
+            args.services.unwrap_or(1) as usize,
         )
         .await;
     }

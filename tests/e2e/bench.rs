@@ -507,7 +507,7 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
 
     // Without a rule: a load report every 10 s from every sidecar, no push
     // while nothing changes. With LOAD_AWARE: a report a second from each,
-    // and new weights pushed as they move.
+    // and new weights pushed as they move past the dead band.
     let control_plane = |extra: &[&str]| {
         let mut args = vec!["control-plane", "--sidecars", "200"];
         args.extend_from_slice(extra);
@@ -533,26 +533,40 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         "200 sidecars every 10 s: {r:#}"
     );
     assert_eq!(r["eds_pushes_per_sidecar_per_s"], 0.0, "{r:#}");
+    assert_eq!(r["weights_moved"], false, "{r:#}");
+    assert!(r["weights_settled_s"].is_null(), "{r:#}");
     assert_eq!(r["endpoints"], 3, "{r:#}");
-    let r = control_plane(&["--load-aware", "--endpoints", "20"]);
+    assert_eq!(r["services"], 1, "{r:#}");
+    let r = control_plane(&["--load-aware", "--endpoints", "20", "--services", "4"]);
     assert_eq!(r["load_aware"], true, "{r:#}");
     assert_eq!(r["endpoints"], 20, "{r:#}");
+    assert_eq!(r["services"], 4, "{r:#}");
+    assert_eq!(r["weights_moved"], true, "{r:#}");
+    assert!(
+        r["weights_settled_s"].as_f64().is_some(),
+        "LOAD_AWARE's weights settle within a minute: {r:#}"
+    );
     assert_eq!(r["report_interval_ms"], 1_000, "{r:#}");
     let reports = r["reports_per_s"].as_f64().unwrap_or(0.0);
     assert!(
         (150.0..=250.0).contains(&reports),
         "200 sidecars every second: {r:#}"
     );
-    let pushes = r["eds_pushes_per_sidecar_per_s"].as_f64().unwrap_or(0.0);
+    let pushes = r["eds_pushes_per_sidecar_per_s"].as_f64().unwrap_or(-1.0);
     assert!(
-        (0.1..=1.5).contains(&pushes),
+        (0.0..=1.5).contains(&pushes),
         "new weights at most once a second: {r:#}"
     );
 
     // The flags mean nothing to the other benchmarks: refused, not ignored.
-    for (flag, value) in [("--load-aware", None), ("--endpoints", Some("3"))] {
+    for (bench, flag, value) in [
+        ("lb-lab-steady", "--load-aware", None),
+        ("lb-lab-steady", "--endpoints", Some("3")),
+        ("lb-lab-steady", "--services", Some("2")),
+        ("overhead", "--load-aware", None),
+    ] {
         let o = Command::new(bin("minimesh"))
-            .args(["bench", "lb-lab-steady", flag])
+            .args(["bench", bench, flag])
             .args(value)
             .output()
             .expect("runs");

@@ -7,6 +7,7 @@
 //! an EndpointSlice change on disk to each sidecar's ACK of it (p50, p99,
 //! max), over several changes.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -34,7 +35,10 @@ use tokio_stream::wrappers::ReceiverStream;
 pub struct ScaleResult {
     /// Simulated sidecars connected.
     pub sidecars: usize,
-    /// Endpoints of the service before the changes (each change adds one).
+    /// Services in the mesh (`--services`); every sidecar gets them all.
+    pub services: usize,
+    /// Endpoints of each service before the changes (each change adds one
+    /// to the first).
     pub endpoints: usize,
     /// Time to connect them all and deliver their first config, s.
     pub connect_s: f64,
@@ -44,7 +48,7 @@ pub struct ScaleResult {
     pub rss_mib: f64,
     /// (rss - base) / sidecars, KiB.
     pub kib_per_sidecar: f64,
-    /// The service had a LOAD_AWARE rule (`--load-aware`).
+    /// Every service had a LOAD_AWARE rule (`--load-aware`).
     pub load_aware: bool,
     /// Load-report interval the control plane asked for, ms.
     pub report_interval_ms: u64,
@@ -53,6 +57,16 @@ pub struct ScaleResult {
     /// Endpoint (EDS) pushes each sidecar received a second, at steady
     /// state (LOAD_AWARE's new weights; nothing else changes then).
     pub eds_pushes_per_sidecar_per_s: f64,
+    /// Endpoint assignments those pushes carried, KiB per sidecar a second
+    /// (the resources' encoded size).
+    pub eds_kib_per_sidecar_per_s: f64,
+    /// With `--load-aware`: seconds from every sidecar configured to the
+    /// last push of new weights before 3 s without one (the steady state is
+    /// measured after that); null when they had not settled within 60 s.
+    pub weights_settled_s: Option<f64>,
+    /// Some sidecar was pushed endpoints of unequal weights (LOAD_AWARE's,
+    /// once its controller moved them).
+    pub weights_moved: bool,
     /// Control plane CPU at steady state, cores (1.0 = one core busy).
     pub cpu_cores: f64,
     /// Change to ACK, over every sidecar and change: p50, p99, max (ms).
@@ -75,39 +89,85 @@ fn rss_kib(pid: u32) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn slice(endpoints: usize) -> String {
-    let mut y = String::from(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: backend, namespace: default}\nspec:\n  ports: [{name: http, port: 80, targetPort: 9090}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: backend-abc\n  namespace: default\n  labels: {kubernetes.io/service-name: backend}\naddressType: IPv4\nports: [{name: http, port: 9090}]\nendpoints:\n",
+/// Service `k`'s name: `backend`, then `backend-1`, `backend-2`, ...
+fn service_name(k: usize) -> String {
+    match k {
+        0 => "backend".into(),
+        k => format!("backend-{k}"),
+    }
+}
+
+/// The cluster whose endpoints the changes add to: service 0's.
+const CHANGED_CLUSTER: &str = "backend.default.svc.cluster.local:80";
+
+/// Service `k` and its EndpointSlice of `endpoints` addresses (each
+/// service its own 10.x.y.z range: k < 1000, endpoints < 1000).
+fn service(k: usize, endpoints: usize) -> String {
+    let name = service_name(k);
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 9090}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: default\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: http, port: 9090}}]\nendpoints:\n",
     );
     for i in 0..endpoints {
         let _ = writeln!(
             y,
-            "- addresses: [\"10.1.{}.{}\"]\n  conditions: {{ready: true}}",
-            i / 250,
+            "- addresses: [\"10.{}.{}.{}\"]\n  conditions: {{ready: true}}",
+            1 + k / 64,
+            (k % 64) * 4 + i / 250,
             i % 250 + 1
         );
     }
     y
 }
 
+/// The LOAD_AWARE rules `--load-aware` applies, one per service.
+fn load_aware_rules(services: usize) -> String {
+    (0..services)
+        .map(|k| {
+            let name = service_name(k);
+            format!("apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  host: {name}\n  trafficPolicy: {{loadBalancer: {{simple: LOAD_AWARE}}}}\n")
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
 /// What the simulated sidecars share with the bench.
 #[derive(Default)]
 struct Shared {
-    /// (endpoints in a sidecar's EDS, when it ACKed them), each time the
-    /// number changed: an EndpointSlice change adds one endpoint.
+    /// (endpoints of [`CHANGED_CLUSTER`] in a sidecar's EDS, when it ACKed
+    /// them), each time the number changed: an EndpointSlice change adds
+    /// one endpoint.
     acks: std::sync::Mutex<Vec<(usize, Instant)>>,
     /// Sidecars that got their first config.
     ready: AtomicU64,
     /// Endpoint (EDS) responses received, by every sidecar.
     eds_responses: AtomicU64,
+    /// Bytes of the endpoint assignments in them.
+    eds_bytes: AtomicU64,
+    /// Some assignment had endpoints of unequal weights.
+    weights_moved: std::sync::atomic::AtomicBool,
     /// Load reports sent, by every sidecar.
     reports: AtomicU64,
     /// The report interval the control plane asked for, ms.
     interval_ms: AtomicU64,
 }
 
-/// Requests a second each simulated sidecar reports sending.
+/// Requests a second each simulated sidecar reports sending, split evenly
+/// over the services it calls.
 const SIMULATED_RPS: f64 = 10.0;
+
+/// Services each simulated sidecar calls (fewer when there are fewer).
+const CALLED: usize = 3;
+
+/// The clusters sidecar `i` calls: [`CALLED`] neighbours in name order,
+/// starting at its own index, so that every cluster has as many callers.
+fn calls(i: usize, endpoints: &HashMap<String, Vec<(String, u32)>>) -> Vec<String> {
+    let mut names: Vec<&String> = endpoints.keys().collect();
+    names.sort();
+    let n = names.len();
+    (0..CALLED.min(n))
+        .map(|j| names[(i + j) % n].clone())
+        .collect()
+}
 
 /// Capacity of the simulated endpoint at `address` (1, 2 or 3, from the last
 /// octet; the same for every sidecar).
@@ -121,18 +181,20 @@ fn capacity(address: &str) -> f64 {
     ((octet + 2) % 3 + 1) as f64
 }
 
-/// One interval's report, as a real sidecar sends it: every endpoint of the
-/// cluster it called in the interval, with made-up traffic. Each sidecar sends [`SIMULATED_RPS`],
-/// split by the endpoints' weights; an endpoint's latency grows with its
-/// share over its capacity, with ±10% noise, so LOAD_AWARE's weights move
-/// every second as they would under real traffic.
-fn report(
+/// One interval's report on one cluster, as a real sidecar sends it: every
+/// endpoint it called in the interval, with made-up traffic: `rps` requests
+/// a second split by the endpoints' weights; an endpoint's latency grows
+/// with its share over its capacity, with ±10% noise, so LOAD_AWARE's
+/// weights move every second as they would under real traffic. None when
+/// nothing was called.
+fn cluster_report(
     cluster: &str,
     endpoints: &[(String, u32)],
+    rps: f64,
     interval: Duration,
     sequence: &mut u64,
     rng: &mut u64,
-) -> LoadStatsRequest {
+) -> Option<ClusterStats> {
     let total_weight: f64 = endpoints
         .iter()
         .map(|(_, w)| f64::from(*w))
@@ -158,14 +220,14 @@ fn report(
                 * (1.0 + 2.0 * share * total_capacity / capacity(address))
                 * (0.9 + 0.2 * uniform());
             // Rounded at random, so that small shares still add up.
-            let issued = (SIMULATED_RPS * secs * share + uniform()).floor() as u64;
+            let issued = (rps * secs * share + uniform()).floor() as u64;
             let mut histogram = vec![0; LATENCY_BUCKET_BOUNDS_MS.len() + 1];
             let bucket = LATENCY_BUCKET_BOUNDS_MS
                 .iter()
                 .position(|b| latency_ms <= *b as f64)
                 .unwrap_or(LATENCY_BUCKET_BOUNDS_MS.len());
             histogram[bucket] = issued;
-            let in_progress = (SIMULATED_RPS * share * latency_ms / 1000.0).round() as u64;
+            let in_progress = (rps * share * latency_ms / 1000.0).round() as u64;
             // As a real sidecar: an endpoint with nothing to count is left out.
             if issued == 0 && in_progress == 0 {
                 return None;
@@ -183,15 +245,12 @@ fn report(
                 sequence: *sequence,
             })
         })
-        .collect();
-    LoadStatsRequest {
-        node: None,
-        cluster_stats: vec![ClusterStats {
-            cluster_name: cluster.to_string(),
-            endpoint_stats,
-            load_report_interval_ms: interval.as_millis() as u64,
-        }],
-    }
+        .collect::<Vec<_>>();
+    (!endpoint_stats.is_empty()).then(|| ClusterStats {
+        cluster_name: cluster.to_string(),
+        endpoint_stats,
+        load_report_interval_ms: interval.as_millis() as u64,
+    })
 }
 
 /// One simulated sidecar: subscribes to every type, ACKs each response,
@@ -207,6 +266,8 @@ async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Res
         id: format!("sim-{i}.default"),
         workload: format!("sim-{i}"),
         namespace: "default".into(),
+        // As a real sidecar: endpoints responses may carry only what changed.
+        client_features: vec![minimesh_proto::PARTIAL_ENDPOINTS.to_string()],
         ..Default::default()
     };
     // The load-report stream, on the same connection.
@@ -250,8 +311,9 @@ async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Res
         .await?
         .into_inner();
     let mut responses = 0;
-    let mut cluster = String::new();
-    let mut endpoints: Vec<(String, u32)> = Vec::new();
+    // Endpoints by cluster; the clusters this sidecar calls.
+    let mut endpoints: HashMap<String, Vec<(String, u32)>> = HashMap::new();
+    let mut called: Vec<String> = Vec::new();
     let mut sequence = 0;
     loop {
         tokio::select! {
@@ -267,22 +329,34 @@ async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Res
                 let now = Instant::now();
                 if resp.type_url == ENDPOINTS_TYPE {
                     shared.eds_responses.fetch_add(1, Ordering::Relaxed);
-                    let before = endpoints.len();
+                    let size = |e: &HashMap<String, Vec<(String, u32)>>| {
+                        e.get(CHANGED_CLUSTER).map_or(0, Vec::len)
+                    };
+                    let (before, clusters) = (size(&endpoints), endpoints.len());
+                    let mut bytes = 0;
                     for r in &resp.resources {
+                        bytes += r.value.len() as u64;
                         let cla = ClusterLoadAssignment::decode(r.value.as_slice())?;
-                        cluster = cla.cluster_name;
-                        endpoints = cla
+                        let eps: Vec<(String, u32)> = cla
                             .endpoints
                             .into_iter()
                             .map(|e| (e.address, e.weight.max(1)))
                             .collect();
+                        if eps.windows(2).any(|w| w[0].1 != w[1].1) {
+                            shared.weights_moved.store(true, Ordering::Relaxed);
+                        }
+                        endpoints.insert(cla.cluster_name, eps);
                     }
-                    if endpoints.len() != before {
+                    shared.eds_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    if endpoints.len() != clusters {
+                        called = calls(i, &endpoints);
+                    }
+                    if size(&endpoints) != before {
                         shared
                             .acks
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .push((endpoints.len(), now));
+                            .push((size(&endpoints), now));
                     }
                 }
                 responses += 1;
@@ -300,9 +374,16 @@ async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Res
                 None => return Ok(()),
             },
             _ = tick.tick() => {
-                if !endpoints.is_empty() {
-                    let r = report(&cluster, &endpoints, interval, &mut sequence, &mut rng);
-                    lrs_tx.send(r).await?;
+                if !called.is_empty() {
+                    let rps = SIMULATED_RPS / called.len() as f64;
+                    let cluster_stats = called
+                        .iter()
+                        .filter_map(|c| {
+                            let eps = endpoints.get(c)?;
+                            cluster_report(c, eps, rps, interval, &mut sequence, &mut rng)
+                        })
+                        .collect();
+                    lrs_tx.send(LoadStatsRequest { node: None, cluster_stats }).await?;
                     shared.reports.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -310,12 +391,14 @@ async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> anyhow::Res
     }
 }
 
-/// The rule `--load-aware` applies.
-const LOAD_AWARE_RULE: &str = "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend, namespace: default}\nspec:\n  host: backend\n  trafficPolicy: {loadBalancer: {simple: LOAD_AWARE}}\n";
-
 /// Seconds over which the control plane's CPU is measured, with every
 /// sidecar connected and reporting and nothing changing.
 const STEADY_SECS: u64 = 10;
+
+/// With `--load-aware`: seconds without an endpoint push after which the
+/// weights count as settled, and the longest wait for that.
+const SETTLED_SECS: u64 = 3;
+const SETTLE_LIMIT_SECS: u64 = 60;
 
 async fn one(
     n: usize,
@@ -324,14 +407,18 @@ async fn one(
     network: Ipv4Addr,
     load_aware: bool,
     endpoints: usize,
+    services: usize,
 ) -> anyhow::Result<ScaleResult> {
     let config = dir.join("config");
     let _ = std::fs::remove_dir_all(&config);
     std::fs::create_dir_all(&config)?;
+    for k in 0..services {
+        let file = config.join(format!("{}.yaml", service_name(k)));
+        crate::mesh::write_atomic(&file, &service(k, endpoints))?;
+    }
     let svc = config.join("backend.yaml");
-    crate::mesh::write_atomic(&svc, &slice(endpoints))?;
     if load_aware {
-        crate::mesh::write_atomic(&config.join("rule.yaml"), LOAD_AWARE_RULE)?;
+        crate::mesh::write_atomic(&config.join("rules.yaml"), &load_aware_rules(services))?;
     }
     let o = network.octets();
     let cp = Ipv4Addr::new(o[0], o[1], o[2], 254);
@@ -409,11 +496,38 @@ async fn one(
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss = rss_kib(pid);
+    // LOAD_AWARE's controller moves the weights from the mean towards
+    // capacity for a few seconds: wait until no endpoint push for
+    // SETTLED_SECS (at most SETTLE_LIMIT_SECS), so that the steady state is
+    // measured without that transient.
+    let weights_settled_s = if load_aware {
+        let (mut seen, mut last) = (shared.eds_responses.load(Ordering::Relaxed), Instant::now());
+        let limit = Instant::now() + Duration::from_secs(SETTLE_LIMIT_SECS);
+        loop {
+            let now = shared.eds_responses.load(Ordering::Relaxed);
+            if now != seen {
+                (seen, last) = (now, Instant::now());
+            }
+            if last.elapsed() >= Duration::from_secs(SETTLED_SECS) {
+                break Some(
+                    last.duration_since(t0 + Duration::from_secs_f64(connect_s))
+                        .as_secs_f64(),
+                );
+            }
+            if Instant::now() > limit {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    } else {
+        None
+    };
     // The steady state: every sidecar reporting, no change on disk.
-    let (ticks0, reports0, eds0) = (
+    let (ticks0, reports0, eds0, bytes0) = (
         super::overhead::cpu_ticks(pid),
         shared.reports.load(Ordering::Relaxed),
         shared.eds_responses.load(Ordering::Relaxed),
+        shared.eds_bytes.load(Ordering::Relaxed),
     );
     let steady = Instant::now();
     tokio::time::sleep(Duration::from_secs(STEADY_SECS)).await;
@@ -423,11 +537,13 @@ async fn one(
     let reports_per_s = (shared.reports.load(Ordering::Relaxed) - reports0) as f64 / secs;
     let pushes_per_s =
         (shared.eds_responses.load(Ordering::Relaxed) - eds0) as f64 / secs / n as f64;
+    let eds_kib_per_s =
+        (shared.eds_bytes.load(Ordering::Relaxed) - bytes0) as f64 / 1024.0 / secs / n as f64;
     let mut lat = Vec::new();
     for c in 0..changes {
         let want = endpoints + 1 + c;
         let start = Instant::now();
-        crate::mesh::write_atomic(&svc, &slice(want))?;
+        crate::mesh::write_atomic(&svc, &service(0, want))?;
         let deadline = start + Duration::from_secs(60);
         loop {
             let got: Vec<Instant> = shared
@@ -468,6 +584,7 @@ async fn one(
     };
     Ok(ScaleResult {
         sidecars: n,
+        services,
         endpoints,
         load_aware,
         connect_s,
@@ -477,6 +594,9 @@ async fn one(
         report_interval_ms: interval.as_millis() as u64,
         reports_per_s,
         eds_pushes_per_sidecar_per_s: pushes_per_s,
+        eds_kib_per_sidecar_per_s: eds_kib_per_s,
+        weights_moved: shared.weights_moved.load(Ordering::Relaxed),
+        weights_settled_s,
         cpu_cores,
         ack_p50_ms: q(0.5),
         ack_p99_ms: q(0.99),
@@ -492,6 +612,7 @@ pub async fn run(
     network: Option<Ipv4Addr>,
     load_aware: bool,
     endpoints: usize,
+    services: usize,
 ) -> anyhow::Result<()> {
     let network = network.unwrap_or(Ipv4Addr::new(127, 0, 13, 0));
     if !network.is_loopback() {
@@ -499,32 +620,47 @@ pub async fn run(
     }
     std::fs::create_dir_all(out)?;
     println!(
-        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), one service of {endpoints} endpoints, {}; 5 EndpointSlice changes each, each adding an endpoint",
-        if load_aware {
-            "the service LOAD_AWARE (a load report a second from every sidecar, new weights pushed when they change)"
+        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), {} of {endpoints} endpoints{}, {}; 5 EndpointSlice changes each, each adding an endpoint to `backend`",
+        match services {
+            1 => "one service".to_string(),
+            s => format!("{s} services"),
+        },
+        if services > 1 {
+            format!(" (each sidecar gets them all and calls {})", CALLED.min(services))
         } else {
-            "no rule (a load report every 10 s from every sidecar, the control plane's default)"
+            String::new()
+        },
+        match (load_aware, services) {
+            (true, 1) => "the service LOAD_AWARE (a load report a second from every sidecar, new weights pushed when they change)",
+            (true, _) => "every service LOAD_AWARE (a load report a second from every sidecar, new weights pushed when they change)",
+            (false, _) => "no rule (a load report every 10 s from every sidecar, the control plane's default)",
         }
     );
     let mut results = Vec::new();
     for &n in sidecars {
-        let r = one(n, out, 5, network, load_aware, endpoints)
+        let r = one(n, out, 5, network, load_aware, endpoints, services)
             .await
             .with_context(|| format!("{n} sidecars"))?;
+        let settled = match (load_aware, r.weights_settled_s) {
+            (false, _) => String::new(),
+            (true, Some(s)) => format!("weights settled {s:.1}s after; "),
+            (true, None) => format!("weights still moving after {SETTLE_LIMIT_SECS}s; "),
+        };
         println!(
-            "  {n:>6} sidecars: connected in {:.1}s; RSS {:.1} -> {:.1} MiB ({:.1} KiB per sidecar); {:.0} reports/s, {:.2} pushes per sidecar a second, {:.2} cores; change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            r.connect_s, r.base_rss_mib, r.rss_mib, r.kib_per_sidecar, r.reports_per_s, r.eds_pushes_per_sidecar_per_s, r.cpu_cores, r.ack_p50_ms, r.ack_p99_ms, r.ack_max_ms
+            "  {n:>6} sidecars: connected in {:.1}s; {settled}RSS {:.1} -> {:.1} MiB ({:.1} KiB per sidecar); {:.0} reports/s, {:.2} pushes ({:.1} KiB) per sidecar a second, {:.2} cores; change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            r.connect_s, r.base_rss_mib, r.rss_mib, r.kib_per_sidecar, r.reports_per_s, r.eds_pushes_per_sidecar_per_s, r.eds_kib_per_sidecar_per_s, r.cpu_cores, r.ack_p50_ms, r.ack_p99_ms, r.ack_max_ms
         );
         results.push(r);
     }
     let mut s = format!(
-        "\n{:>8} {:>10} {:>10} {:>12} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10}\n",
+        "\n{:>8} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10}\n",
         "sidecars",
         "connect",
         "RSS",
         "per sidecar",
         "reports/s",
         "pushes/s",
+        "push KiB/s",
         "CPU",
         "ACK p50",
         "ACK p99",
@@ -533,13 +669,14 @@ pub async fn run(
     for r in &results {
         let _ = writeln!(
             s,
-            "{:>8} {:>9.1}s {:>6.1} MiB {:>8.1} KiB {:>10.0} {:>10.2} {:>7.2} {:>8.0}ms {:>8.0}ms {:>8.0}ms",
+            "{:>8} {:>9.1}s {:>6.1} MiB {:>8.1} KiB {:>10.0} {:>10.2} {:>10.1} {:>7.2} {:>8.0}ms {:>8.0}ms {:>8.0}ms",
             r.sidecars,
             r.connect_s,
             r.rss_mib,
             r.kib_per_sidecar,
             r.reports_per_s,
             r.eds_pushes_per_sidecar_per_s,
+            r.eds_kib_per_sidecar_per_s,
             r.cpu_cores,
             r.ack_p50_ms,
             r.ack_p99_ms,
@@ -548,7 +685,7 @@ pub async fn run(
     }
     let _ = writeln!(
         s,
-        "(pushes/s: endpoint pushes each sidecar received a second with nothing changing on disk; CPU: the control plane's, in cores, over those {STEADY_SECS} s)"
+        "(pushes/s, push KiB/s: endpoint pushes each sidecar received a second with nothing changing on disk, and the size of the endpoint assignments they carried; CPU: the control plane's, in cores, over those {STEADY_SECS} s)"
     );
     super::save(
         out,
