@@ -256,18 +256,15 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Every second, steps the LOAD_AWARE controller of every cluster and asks
-/// for a publication when a cluster's weights moved past the dead band
-/// ([`load_aware::moved`]).
+/// Every second, steps the LOAD_AWARE controller of every cluster from its
+/// published weights (those the sidecars balance with) and publishes the
+/// step when it moves a weight past the dead band ([`load_aware::moved`]).
 async fn load_aware_loop(
     agg: Arc<load::Aggregator>,
     la: Arc<LoadAwareState>,
     tx: watch::Sender<u64>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    // The controller's own weights, which step every second; `la.weights`
-    // are the published ones.
-    let mut controller: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
     loop {
         tick.tick().await;
         let clusters = la
@@ -276,18 +273,16 @@ async fn load_aware_loop(
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut changed = false;
-        controller.retain(|c, _| clusters.contains_key(c));
         {
             let mut weights = la.weights.write().unwrap_or_else(|e| e.into_inner());
             weights.retain(|c, _| clusters.contains_key(c));
             for (cluster, eps) in &clusters {
-                let next = load_aware::next_weights(&agg, cluster, eps, controller.get(cluster));
+                let next = load_aware::next_weights(&agg, cluster, eps, weights.get(cluster));
                 if load_aware::moved(weights.get(cluster), &next) {
                     info!(cluster, weights = ?next, "LOAD_AWARE weights");
-                    weights.insert(cluster.clone(), next.clone());
+                    weights.insert(cluster.clone(), next);
                     changed = true;
                 }
-                controller.insert(cluster.clone(), next);
             }
         }
         if changed {

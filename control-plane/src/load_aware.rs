@@ -32,12 +32,18 @@
 //! cannot push a weight outside those bounds. Between updates, the sidecars'
 //! own active-request counts still react at once.
 //!
-//! The controller steps every second, but the weights it reaches are
-//! published (and pushed to every sidecar) only when one has moved by more
-//! than [`DEAD_BAND`] from what was last published ([`moved`]): near its
-//! fixed point the controller jitters by a weight or two, and pushing each
-//! jitter to every sidecar of the mesh every second would cost the control
-//! plane and the sidecars for nothing a balancer could tell apart.
+//! The controller steps every second from the published weights (those the
+//! sidecars balance with), and a step is published (pushed to every sidecar)
+//! only when it moves some weight by more than [`DEAD_BAND`] ([`moved`]);
+//! otherwise it is dropped. Near the fixed point a step is a weight or two,
+//! and pushing each to every sidecar of the mesh every second would cost the
+//! control plane and the sidecars for nothing a balancer could tell apart.
+//! Dropped steps do not accumulate: a controller that kept stepping from its
+//! own unpublished weights would drift past the band while the sidecars
+//! still balanced with the old ones, publish, overshoot, and drift back (a
+//! limit cycle measured at one push per service every 20 s or so). So the
+//! weights settle where a step is within the band: latencies within about
+//! 10% of the cluster's mean.
 //!
 //! A first version set weights to 1/latency outright; its fixed point gives
 //! weights proportional to the square root of capacity, which sent too much
@@ -67,8 +73,8 @@ pub const CONTROL_WINDOW_SECS: u64 = 2;
 /// Exponent of the latency ratio per step (damping).
 pub const GAIN: f64 = 0.5;
 
-/// How far a weight must move from the published one before new weights
-/// are published: 5%, plus one for rounding.
+/// How far a step must move a weight before it is published: 5%, plus one
+/// for rounding.
 pub const DEAD_BAND: f64 = 0.05;
 
 /// Whether `next` differs from the `published` weights of a cluster enough
