@@ -42,13 +42,26 @@ struct Second {
 }
 
 /// One endpoint: per-second sums over the window, and each reporter's last
-/// in-flight count. Memory is bounded by window seconds and reporters, not by
-/// the number of reports; a reporter's name is shared, not copied, by every
-/// endpoint it reports on.
+/// in-flight count, by the reporter's number ([`Reporter::id`]). Memory is
+/// bounded by window seconds and reporters, not by the number of reports;
+/// an endpoint holds its reporters' numbers, not their names (a popular
+/// endpoint has thousands, looked up on every report: integers compare at
+/// once where names sharing a prefix do not).
 #[derive(Debug, Default)]
 struct EndpointLoad {
     seconds: VecDeque<Second>,
-    in_flight: BTreeMap<Arc<str>, (u64, Instant)>,
+    in_flight: BTreeMap<u64, (u64, Instant)>,
+}
+
+/// What the aggregator keeps of one reporter (node).
+#[derive(Debug)]
+struct Reporter {
+    /// Its number, unique for the aggregator's life.
+    id: u64,
+    /// The highest sequence counted.
+    highest: u64,
+    /// When it last reported.
+    at: Instant,
 }
 
 /// Cluster -> endpoint address -> load.
@@ -59,13 +72,14 @@ pub struct Aggregator {
     window: Duration,
     start: Instant,
     endpoints: Mutex<Endpoints>,
-    /// Per reporter (node), the highest sequence counted and when. A sidecar
-    /// numbers every endpoint entry it sends from one counter that only
-    /// grows (across reports, reconnects and restarts), so an entry at or
-    /// below it was counted already. One entry per reporter, whatever the
-    /// number of endpoints it reports on; its key is the reporter's name
-    /// that `EndpointLoad::in_flight` shares.
-    seen: Mutex<HashMap<Arc<str>, (u64, Instant)>>,
+    /// Per reporter (node, by name): its number, the highest sequence
+    /// counted and when. A sidecar numbers every endpoint entry it sends
+    /// from one counter that only grows (across reports, reconnects and
+    /// restarts), so an entry at or below it was counted already. One entry
+    /// per reporter, whatever the number of endpoints it reports on.
+    seen: Mutex<HashMap<Box<str>, Reporter>>,
+    /// The next reporter's number.
+    next_id: std::sync::atomic::AtomicU64,
     /// The second (since `start`) at which a report next prunes.
     next_prune: std::sync::atomic::AtomicU64,
     /// Reports rejected as absurd.
@@ -91,6 +105,7 @@ impl Aggregator {
             start: Instant::now(),
             endpoints: Mutex::new(BTreeMap::new()),
             seen: Mutex::new(HashMap::new()),
+            next_id: Default::default(),
             next_prune: Default::default(),
             rejected: Default::default(),
         }
@@ -115,12 +130,16 @@ impl Aggregator {
                 std::sync::atomic::Ordering::Relaxed,
             );
             let horizon = self.window.max(SEEN_FOR);
-            seen.retain(|_, (_, at)| now.duration_since(*at) <= horizon);
+            seen.retain(|_, r| now.duration_since(r.at) <= horizon);
             self.forget_unreported(&mut endpoints, now);
         }
-        let (reporter, counted) = match seen.get_key_value(node) {
-            Some((name, (highest, _))) => (name.clone(), *highest),
-            None => (Arc::from(node), 0),
+        let (id, counted) = match seen.get(node) {
+            Some(r) => (r.id, r.highest),
+            None => (
+                self.next_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                0,
+            ),
         };
         let mut highest = counted;
         for c in &req.cluster_stats {
@@ -185,15 +204,22 @@ impl Aggregator {
                         s.latency[i] += n;
                     }
                 }
-                if let Some(v) = ep.in_flight.get_mut(node) {
-                    *v = (e.requests_in_progress, now);
-                } else {
-                    ep.in_flight
-                        .insert(reporter.clone(), (e.requests_in_progress, now));
-                }
+                ep.in_flight.insert(id, (e.requests_in_progress, now));
             }
         }
-        seen.insert(reporter, (highest, now));
+        match seen.get_mut(node) {
+            Some(r) => (r.highest, r.at) = (highest, now),
+            None => {
+                seen.insert(
+                    Box::from(node),
+                    Reporter {
+                        id,
+                        highest,
+                        at: now,
+                    },
+                );
+            }
+        }
     }
 
     /// Drops each endpoint's reporters that have not reported within the
@@ -509,9 +535,15 @@ mod tests {
             .collect();
         a.add_at("caller.default", &req, t0);
         assert_eq!(sizes(&a), (100, 100, 1));
-        // Every reporter entry shares the one name.
-        let name = a.seen.lock().unwrap().keys().next().cloned().unwrap();
-        assert_eq!(Arc::strong_count(&name), 1 + 100 + 1);
+        // Every endpoint knows the reporter by its one number.
+        let id = a.seen.lock().unwrap()["caller.default"].id;
+        let endpoints = a.endpoints.lock().unwrap();
+        let ids: Vec<u64> = endpoints["backend.ns"]
+            .values()
+            .flat_map(|e| e.in_flight.keys().copied())
+            .collect();
+        assert_eq!(ids, vec![id; 100]);
+        drop(endpoints);
         // The same report again, or any entry numbered at or below the
         // highest counted, is not counted; the next one is.
         a.add_at("caller.default", &req, t0);
