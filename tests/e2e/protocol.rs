@@ -51,6 +51,26 @@ fn policies(resp: &DiscoveryResponse) -> Vec<i32> {
         .collect()
 }
 
+/// NACKs `resp` ("test says no"), keeping the version of `good`.
+async fn nack(
+    tx: &mpsc::Sender<DiscoveryRequest>,
+    good: &DiscoveryResponse,
+    resp: &DiscoveryResponse,
+) {
+    tx.send(DiscoveryRequest {
+        version_info: good.version_info.clone(),
+        type_url: resp.type_url.clone(),
+        response_nonce: resp.nonce.clone(),
+        error_detail: Some(ErrorDetail {
+            code: 3,
+            message: "test says no".into(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("nack");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_of_the_world_ack_nack_and_new_versions() {
     let net = Net::new(31);
@@ -98,18 +118,7 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     let second = next(&mut s).await;
     assert_ne!(second.version_info, first.version_info);
     assert_eq!(policies(&second), vec![LbPolicy::Random as i32]);
-    tx.send(DiscoveryRequest {
-        version_info: first.version_info.clone(),
-        type_url: CLUSTER_TYPE.into(),
-        response_nonce: second.nonce.clone(),
-        error_detail: Some(ErrorDetail {
-            code: 3,
-            message: "test says no".into(),
-        }),
-        ..Default::default()
-    })
-    .await
-    .expect("nack");
+    nack(&tx, &first, &second).await;
     // The NACKed version is not sent again.
     nothing(&mut s, Duration::from_millis(600)).await;
     let ps = get_json(net.cp_admin(), "/debug/proxies").await;
@@ -312,18 +321,7 @@ async fn endpoints_responses_carry_only_what_changed_to_a_client_that_keeps_the_
     );
     assert_eq!(p2.version_info, f2.version_info);
     // NACKed: the next response carries that change again, with the new one.
-    ptx.send(DiscoveryRequest {
-        version_info: p1.version_info.clone(),
-        type_url: ENDPOINTS_TYPE.into(),
-        response_nonce: p2.nonce.clone(),
-        error_detail: Some(ErrorDetail {
-            code: 3,
-            message: "test says no".into(),
-        }),
-        ..Default::default()
-    })
-    .await
-    .expect("nack");
+    nack(&ptx, &p1, &p2).await;
     ack(&ftx, &f2).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     net.service("c", &[4, 6]);
