@@ -466,6 +466,9 @@ mod tests {
 
     #[tokio::test]
     async fn idle_connections_expire() {
+        // As the sidecar does at startup: the coarse clock's origin, so that
+        // the idle time is measured from now, not from the first sweep.
+        crate::clock::start();
         let (addr, conns) = server(false).await;
         let pool = ConnPool::default();
         let s = PoolSettings {
