@@ -12,8 +12,9 @@ pub mod round_robin;
 pub mod weighted;
 pub mod xxhash;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use minimesh_proto::v1::LbPolicy;
 
@@ -77,6 +78,54 @@ enum Picker {
     RingHash(ring_hash::RingHash),
     Maglev(maglev::Maglev),
     PeakEwma,
+}
+
+/// What a hash table is built from: table size, endpoint keys, weights.
+type TableKey = (u64, Vec<String>, Vec<u32>);
+
+/// The hash tables of the live config, by what they were built from. Every
+/// config update rebuilds every cluster's balancer, but a ring or Maglev
+/// table (65,537 entries by default) whose size, endpoints and weights did
+/// not change is shared (a clone shares the table) instead of built again:
+/// with partial endpoint pushes, a change to one service leaves the others'
+/// tables as they were. A table no balancer holds any more is dropped when
+/// the next new one is built.
+static RINGS: Mutex<BTreeMap<TableKey, ring_hash::RingHash>> = Mutex::new(BTreeMap::new());
+static MAGLEVS: Mutex<BTreeMap<TableKey, maglev::Maglev>> = Mutex::new(BTreeMap::new());
+
+/// A table [`shared`] can hand out again.
+trait Table: Clone {
+    /// Balancers and caches holding it.
+    fn holders(&self) -> usize;
+}
+
+impl Table for ring_hash::RingHash {
+    fn holders(&self) -> usize {
+        ring_hash::RingHash::holders(self)
+    }
+}
+
+impl Table for maglev::Maglev {
+    fn holders(&self) -> usize {
+        maglev::Maglev::holders(self)
+    }
+}
+
+/// The table built from `key`, or a new one from `build` (off the request
+/// path: balancers are built on config updates).
+fn shared<T: Table>(
+    tables: &Mutex<BTreeMap<TableKey, T>>,
+    key: TableKey,
+    build: impl FnOnce(&TableKey) -> T,
+) -> T {
+    let mut tables = tables.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(t) = tables.get(&key) {
+        return t.clone();
+    }
+    tables.retain(|_, t| t.holders() > 1);
+    let t = build(&key);
+    tables.insert(key, t.clone());
+    t
 }
 
 /// Slow start (Envoy semantics): an endpoint that joined `window` ago or
@@ -183,10 +232,14 @@ impl Balancer {
                 let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
                 if policy == Policy::RingHash {
                     let size = if table_size == 0 { 1024 } else { table_size };
-                    Picker::RingHash(ring_hash::RingHash::new(&keys, &weights, size))
+                    Picker::RingHash(shared(&RINGS, (size, keys, weights.clone()), |k| {
+                        ring_hash::RingHash::new(&k.1, &k.2, k.0)
+                    }))
                 } else {
                     let size = if table_size == 0 { 65537 } else { table_size };
-                    Picker::Maglev(maglev::Maglev::new(&keys, &weights, size))
+                    Picker::Maglev(shared(&MAGLEVS, (size, keys, weights.clone()), |k| {
+                        maglev::Maglev::new(&k.1, &k.2, k.0)
+                    }))
                 }
             }
             Policy::PeakEwma => Picker::PeakEwma,
@@ -365,6 +418,47 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    fn table(b: &Balancer) -> *const () {
+        match &b.picker {
+            Picker::RingHash(r) => r.id(),
+            Picker::Maglev(m) => m.id(),
+            _ => std::ptr::null(),
+        }
+    }
+
+    #[test]
+    fn a_hash_table_is_built_once_for_the_same_endpoints_weights_and_size() {
+        for (policy, size) in [(Policy::Maglev, 65537), (Policy::RingHash, 1024)] {
+            let a = eps(3);
+            let first = Balancer::new(policy, size, a.clone());
+            // A config update rebuilding the balancer over the same endpoints
+            // shares the table, and picks as the first.
+            let again = Balancer::new(policy, size, a.clone());
+            assert_eq!(table(&first), table(&again), "{policy:?}");
+            assert_eq!(owners(&first, 100), owners(&again, 100));
+            // Another weight, size or endpoint set builds its own.
+            let mut heavier = a.clone();
+            heavier[0].1 = 2;
+            assert_ne!(table(&Balancer::new(policy, size, heavier)), table(&first));
+            assert_ne!(
+                table(&Balancer::new(policy, size + 2, a.clone())),
+                table(&first)
+            );
+            assert_ne!(table(&Balancer::new(policy, size, eps(4))), table(&first));
+            // Once no balancer holds it, its entry goes at the next build.
+            drop((first, again));
+            let _next = Balancer::new(policy, size, eps(2));
+            let tables = match policy {
+                Policy::Maglev => MAGLEVS.lock().unwrap().keys().cloned().collect::<Vec<_>>(),
+                _ => RINGS.lock().unwrap().keys().cloned().collect(),
+            };
+            assert!(
+                !tables.iter().any(|(s, k, _)| *s == size && k.len() == 3),
+                "{policy:?}: {tables:?}"
+            );
+        }
     }
 
     fn owners(b: &Balancer, keys: u64) -> Vec<SocketAddr> {

@@ -4,9 +4,10 @@
 
 use super::xxhash::xxh64;
 
-/// A built table.
+/// A built table; a clone shares it.
+#[derive(Clone)]
 pub struct Maglev {
-    table: Vec<u32>,
+    table: std::sync::Arc<[u32]>,
 }
 
 impl Maglev {
@@ -16,7 +17,9 @@ impl Maglev {
         let n = keys.len();
         let m = size.max(1) as usize;
         if n == 0 {
-            return Maglev { table: Vec::new() };
+            return Maglev {
+                table: Vec::new().into(),
+            };
         }
         let offsets: Vec<u64> = keys.iter().map(|k| xxh64(k.as_bytes(), 0) % size).collect();
         let skips: Vec<u64> = keys
@@ -49,7 +52,19 @@ impl Maglev {
                 }
             }
         }
-        Maglev { table }
+        Maglev {
+            table: table.into(),
+        }
+    }
+
+    /// Balancers (and caches) holding this table.
+    pub fn holders(&self) -> usize {
+        std::sync::Arc::strong_count(&self.table)
+    }
+
+    /// Where the table is, to tell shared tables apart.
+    pub fn id(&self) -> *const () {
+        self.table.as_ptr().cast()
     }
 
     /// The endpoint for `hash`; `step` > 0 moves to later table entries.

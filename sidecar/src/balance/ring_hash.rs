@@ -2,6 +2,8 @@
 //! ring in proportion to its weight; a key goes to the first point at or
 //! after its hash. Removing an endpoint moves only the keys it owned.
 
+use std::sync::Arc;
+
 use super::xxhash::xxh64;
 
 /// Most ring entries, as Envoy's `maximum_ring_size` default.
@@ -12,15 +14,16 @@ pub const MAX_RING: u64 = 8 * 1024 * 1024;
 /// every ring up to 1,024 endpoints; larger ones get fewer points each.
 pub const SOFT_RING: u64 = 1 << 20;
 
-/// A built ring.
+/// A built ring; a clone shares it.
+#[derive(Clone)]
 pub struct RingHash {
     /// Point hashes, sorted.
-    hashes: Vec<u64>,
+    hashes: Arc<[u64]>,
     /// Endpoint index of each point.
-    owners: Vec<u32>,
+    owners: Arc<[u32]>,
     /// `index[k]`: first point whose hash has top bits >= k; one more entry
     /// at the end. Turns the lookup into a scan of one or two points.
-    index: Vec<u32>,
+    index: Arc<[u32]>,
     shift: u32,
 }
 
@@ -31,9 +34,9 @@ impl RingHash {
         let n = keys.len();
         if n == 0 {
             return RingHash {
-                hashes: Vec::new(),
-                owners: Vec::new(),
-                index: vec![0, 0],
+                hashes: Arc::new([]),
+                owners: Arc::new([]),
+                index: Arc::new([0, 0]),
                 shift: 63,
             };
         }
@@ -76,9 +79,19 @@ impl RingHash {
         RingHash {
             hashes: ring.iter().map(|(h, _)| *h).collect(),
             owners: ring.iter().map(|(_, o)| *o).collect(),
-            index,
+            index: index.into(),
             shift,
         }
+    }
+
+    /// Balancers (and caches) holding this ring.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.hashes)
+    }
+
+    /// Where the ring is, to tell shared rings apart.
+    pub fn id(&self) -> *const () {
+        self.hashes.as_ptr().cast()
     }
 
     /// The endpoint for `hash`; `step` > 0 walks on to later ring entries
