@@ -63,7 +63,8 @@ impl Maglev {
     }
 
     /// Where the table is, to tell shared tables apart.
-    pub fn id(&self) -> *const () {
+    #[cfg(test)]
+    pub(crate) fn id(&self) -> *const () {
         self.table.as_ptr().cast()
     }
 

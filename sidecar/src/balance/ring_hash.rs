@@ -90,7 +90,8 @@ impl RingHash {
     }
 
     /// Where the ring is, to tell shared rings apart.
-    pub fn id(&self) -> *const () {
+    #[cfg(test)]
+    pub(crate) fn id(&self) -> *const () {
         self.hashes.as_ptr().cast()
     }
 
