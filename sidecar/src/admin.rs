@@ -144,7 +144,7 @@ fn config(admin: &Admin) -> serde_json::Value {
             )
         })
         .collect();
-    let mut hosts: Vec<&String> = routing.hosts.keys().collect();
+    let mut hosts: Vec<&str> = routing.hosts().collect();
     hosts.sort();
     json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
 }

@@ -276,10 +276,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             protocol: args.app_protocol,
             local_app: true,
         });
-        let table = Routing {
-            fallback: Some(app_cluster),
-            ..Default::default()
-        };
+        let table = Routing::only(app_cluster);
         let in_proxy = Arc::new(Proxy {
             routing: Arc::new(ArcSwap::from_pointee(table)),
             ready: Arc::new(AtomicBool::new(true)),

@@ -128,7 +128,7 @@ impl XdsClient {
                         "config applied"
                     );
                     self.routing.store(Arc::new(routing));
-                    health.reconcile(&resources.clusters, &self.routing);
+                    health.reconcile(resources.clusters(), &self.routing);
                     if received.len() == ALL_TYPES.len() {
                         self.ready.store(true, Ordering::Relaxed);
                     }
@@ -195,9 +195,7 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
             if !errors.is_empty() {
                 return Err(errors.join("; "));
             }
-            res.clusters = items.into_iter().map(|c| (c.name.clone(), c)).collect();
-            let clusters = &res.clusters;
-            res.endpoints.retain(|name, _| clusters.contains_key(name));
+            res.set_clusters(items);
         }
         ENDPOINTS_TYPE => {
             let items: Vec<ClusterLoadAssignment> = decode_all(resp)?;
@@ -210,16 +208,11 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
             if !errors.is_empty() {
                 return Err(errors.join("; "));
             }
-            for c in items {
-                res.endpoints.insert(c.cluster_name.clone(), c);
-            }
+            res.set_endpoints(items);
         }
         ROUTE_TYPE => {
             let items: Vec<Route> = decode_all(resp)?;
-            res.routes = items
-                .into_iter()
-                .map(|r| (format!("{}.{}", r.service, r.namespace), r))
-                .collect();
+            res.set_routes(items);
         }
         _ => return Err(format!("unknown type {t}")),
     }
@@ -262,7 +255,7 @@ mod tests {
     }
 
     fn held(res: &Resources) -> Vec<(String, usize)> {
-        res.endpoints
+        res.endpoints()
             .iter()
             .map(|(n, c)| (n.clone(), c.endpoints.len()))
             .collect()

@@ -195,32 +195,27 @@ mod tests {
     #[test]
     fn an_endpoint_is_reported_while_called_and_once_after_its_last_request_ends() {
         let mut resources = Resources::default();
-        for name in ["called", "idle"] {
-            resources.clusters.insert(
-                name.into(),
-                Cluster {
-                    name: name.into(),
-                    service: name.into(),
-                    namespace: "default".into(),
-                    port: 80,
-                    policy: LbPolicy::RoundRobin as i32,
-                    ..Default::default()
-                },
-            );
-            resources.endpoints.insert(
-                name.into(),
-                ClusterLoadAssignment {
-                    cluster_name: name.into(),
-                    endpoints: ["10.0.0.1:80", "10.0.0.2:80"]
-                        .map(|a| Endpoint {
-                            address: a.into(),
-                            weight: 1,
-                            ..Default::default()
-                        })
-                        .to_vec(),
-                },
-            );
-        }
+        let names = ["called", "idle"];
+        resources.set_clusters(names.map(|name| Cluster {
+            name: name.into(),
+            service: name.into(),
+            namespace: "default".into(),
+            port: 80,
+            policy: LbPolicy::RoundRobin as i32,
+            ..Default::default()
+        }));
+        resources.set_endpoints(names.map(|name| {
+            ClusterLoadAssignment {
+                cluster_name: name.into(),
+                endpoints: ["10.0.0.1:80", "10.0.0.2:80"]
+                    .map(|a| Endpoint {
+                        address: a.into(),
+                        weight: 1,
+                        ..Default::default()
+                    })
+                    .to_vec(),
+            }
+        }));
         let defaults = PoolSettings {
             connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(60),
