@@ -354,7 +354,7 @@ impl Resources {
             while last.next_if(|(k, _)| k < name).is_some() {}
             let prev = last.next_if(|(k, _)| k == name).map(|(_, b)| b);
             found += usize::from(prev.is_some());
-            let prev = match prev {
+            let old = match prev {
                 Some(b) if same_inputs && !self.changed.contains(name) => {
                     built.push((name.clone(), b));
                     continue;
@@ -365,7 +365,6 @@ impl Resources {
             let Ok(policy) = Policy::from_wire(c.policy) else {
                 continue; // validated on receipt; unreachable in practice
             };
-            let old = prev;
             // Only endpoints joining a cluster that already had some get
             // slow start.
             let known_cluster = !old.is_empty();
