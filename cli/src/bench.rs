@@ -457,8 +457,8 @@ async fn inject(
     out
 }
 
-/// A progress line with live RPS and errors: redrawn on a terminal, every
-/// ten seconds otherwise (CI logs).
+/// A progress line with the users running, requests in flight, live RPS and
+/// errors: redrawn on a terminal, every ten seconds otherwise (CI logs).
 async fn progress(
     name: &str,
     scenario: &Scenario,
@@ -473,6 +473,10 @@ async fn progress(
         Duration::from_secs(10)
     };
     let total = scenario.duration.as_secs_f64();
+    let running = match scenario.shape {
+        scenario::Shape::Users { .. } => "users",
+        scenario::Shape::Rate { .. } => "conns",
+    };
     let mut last = (Instant::now(), 0u64);
     loop {
         tokio::time::sleep(every.min(Duration::from_millis(200))).await;
@@ -489,10 +493,11 @@ async fn progress(
         let width = 30;
         let filled = ((t / total) * width as f64) as usize;
         let line = format!(
-            "  {name:<24} [{}{}] {t:>5.0}s/{total:.0}s  users {:>4}  rps {rps:>7.0}  requests {n:>7}  errors {}",
+            "  {name:<24} [{}{}] {t:>5.0}s/{total:.0}s  {running} {:>4}  in flight {:>4}  rps {rps:>7.0}  requests {n:>7}  errors {}",
             "=".repeat(filled),
             " ".repeat(width - filled.min(width)),
             live.users.load(Ordering::Relaxed),
+            live.in_flight.load(Ordering::Relaxed),
             live.errors.load(Ordering::Relaxed)
         );
         if tty {

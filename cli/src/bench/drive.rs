@@ -42,8 +42,11 @@ pub struct Live {
     pub requests: AtomicU64,
     /// Requests failed.
     pub errors: AtomicU64,
-    /// Users (or connections) running.
+    /// Virtual users running, those thinking between requests included (or,
+    /// at a fixed rate, connections).
     pub users: AtomicU32,
+    /// Requests sent and not yet answered.
+    pub in_flight: AtomicU32,
 }
 
 /// Where to send and how to name backends.
@@ -284,6 +287,7 @@ async fn users(
         }
         let n = scenario.users_at(now - start);
         wanted.store(n, Ordering::Relaxed);
+        live.users.store(n, Ordering::Relaxed);
         while (tasks.len() as u32) < n {
             let i = tasks.len() as u32;
             let (t, w, s, l) = (target.clone(), wanted.clone(), stop.clone(), live.clone());
@@ -299,9 +303,9 @@ async fn users(
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
-                    l.users.fetch_add(1, Ordering::Relaxed);
+                    l.in_flight.fetch_add(1, Ordering::Relaxed);
                     out.push(c.sample(&t, start, keep_alive, &l).await);
-                    l.users.fetch_sub(1, Ordering::Relaxed);
+                    l.in_flight.fetch_sub(1, Ordering::Relaxed);
                     if !think.is_zero() {
                         tokio::time::sleep(think).await;
                     }
@@ -379,7 +383,9 @@ pub async fn fixed(
             l.users.fetch_add(1, Ordering::Relaxed);
             while next < end {
                 tokio::time::sleep_until(next).await;
+                l.in_flight.fetch_add(1, Ordering::Relaxed);
                 out.push(client.sample(&t, start, true, &l).await);
+                l.in_flight.fetch_sub(1, Ordering::Relaxed);
                 k += 1;
                 let factor = if jitter {
                     0.9 + 0.2 * crate::load::rand_unit()
