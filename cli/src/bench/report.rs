@@ -502,8 +502,12 @@ pub fn json(scenario: &Scenario, scale: f64, runs: &[RunResult]) -> serde_json::
     })
 }
 
-const COLORS: [&str; 8] = [
+/// Line colours, one per series: twenty, so that every policy and peer of a
+/// shipped scenario has its own in the overview charts.
+const COLORS: [&str; 20] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+    "#f7b6d2", "#000000", "#dbdb8d", "#9edae5",
 ];
 
 fn escape(s: &str) -> String {
@@ -513,8 +517,15 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// A line chart of `series` (name, one value per second).
-fn chart(title: &str, unit: &str, series: &[(String, Vec<f64>)]) -> String {
+/// A line chart of `series` (name, one value per second), with a dashed
+/// vertical line at each of `marks` (seconds from the start, label) and the
+/// legend below it.
+fn chart(
+    title: &str,
+    unit: &str,
+    series: &[(String, Vec<f64>)],
+    marks: &[(f64, String)],
+) -> String {
     let (w, h, pad) = (640.0, 200.0, 40.0);
     let len = series
         .iter()
@@ -527,6 +538,7 @@ fn chart(title: &str, unit: &str, series: &[(String, Vec<f64>)]) -> String {
         .flat_map(|(_, v)| v.iter().copied())
         .fold(0.0f64, f64::max)
         .max(1e-9);
+    let x = |t: f64| pad + (w - pad) * t / (len - 1) as f64;
     let mut s = format!(
         "<figure><figcaption>{}</figcaption><svg viewBox=\"0 0 {w} {}\" width=\"{w}\" height=\"{}\" role=\"img\">",
         escape(title),
@@ -542,31 +554,49 @@ fn chart(title: &str, unit: &str, series: &[(String, Vec<f64>)]) -> String {
         h + 14.0,
         len - 1
     );
+    for (at, label) in marks {
+        let mx = x(at.clamp(0.0, (len - 1) as f64));
+        let _ = write!(
+            s,
+            "<line class=\"mark\" x1=\"{mx:.1}\" y1=\"0\" x2=\"{mx:.1}\" y2=\"{h}\" stroke=\"#444\" stroke-dasharray=\"4 3\"/>\
+             <text x=\"{:.1}\" y=\"{}\" font-size=\"10\">{}</text>",
+            mx + 3.0,
+            h - 4.0,
+            escape(label)
+        );
+    }
+    let mut legend = String::from("<div class=\"legend\">");
     for (i, (name, v)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let points: Vec<String> = v
             .iter()
             .enumerate()
-            .map(|(x, y)| {
-                format!(
-                    "{:.1},{:.1}",
-                    pad + (w - pad) * x as f64 / (len - 1) as f64,
-                    h - h * y / max
-                )
-            })
+            .map(|(t, y)| format!("{:.1},{:.1}", x(t as f64), h - h * y / max))
             .collect();
         let _ = write!(
             s,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{color}\">{}</text>",
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"><title>{}</title></polyline>",
             points.join(" "),
-            pad + 8.0,
-            14.0 + 13.0 * i as f64,
+            escape(name)
+        );
+        let _ = write!(
+            legend,
+            "<span style=\"color:{color}\">&#9632; {}</span> ",
             escape(name)
         );
     }
-    s.push_str("</svg></figure>");
+    s.push_str("</svg>");
+    s.push_str(&legend);
+    s.push_str("</div></figure>");
     s
+}
+
+/// The injected failures of a run as chart marks: "kill s1-50ms-0".
+fn marks(events: &[EventRecord]) -> Vec<(f64, String)> {
+    events
+        .iter()
+        .map(|e| (e.at_s, format!("{} {}", e.action, e.pod)))
+        .collect()
 }
 
 /// The HTML report: the table, then per run latency, share and active
@@ -577,7 +607,8 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
          <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f4f4f4}}\
          td:first-child{{text-align:left}}figure{{display:inline-block;margin:0 1em 1em 0}}\
-         figcaption{{font-size:13px;font-weight:bold}}section{{border-top:1px solid #ddd;margin-top:1em}}</style>\
+         figcaption{{font-size:13px;font-weight:bold}}section{{border-top:1px solid #ddd;margin-top:1em}}\
+         .legend{{font-size:12px;max-width:640px}}.legend span{{white-space:nowrap;margin-right:.6em}}</style>\
          </head><body><h1>minimesh bench: {0}</h1><p>{1}</p>",
         escape(&scenario.name),
         escape(&scenario.description)
@@ -611,6 +642,41 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
         let pods: Vec<&str> = r.backends.iter().map(|b| b.pod.as_str()).collect();
         let _ = write!(s, "<p>Backends: {}</p>", escape(&pods.join(", ")));
     }
+    if runs.len() > 1 {
+        // Every run on one chart: the comparison the table cannot show, of
+        // when (a kill, the top of a burst) each policy's latency moved.
+        let every = |f: &dyn Fn(&Second) -> f64| -> Vec<(String, Vec<f64>)> {
+            runs.iter()
+                .map(|r| (r.policy.clone(), r.timeline.iter().map(f).collect()))
+                .collect()
+        };
+        let m = runs
+            .iter()
+            .find(|r| !r.events.is_empty())
+            .map_or_else(Vec::new, |r| marks(&r.events));
+        s.push_str("<section><h2>Every run</h2>");
+        s.push_str(&chart(
+            "latency p95 per second",
+            "ms",
+            &every(&|t| t.p95_ms),
+            &m,
+        ));
+        s.push_str(&chart(
+            "requests per second",
+            "/s",
+            &every(&|t| t.requests as f64),
+            &m,
+        ));
+        if runs.iter().any(|r| r.errors > 0) {
+            s.push_str(&chart(
+                "errors per second",
+                "/s",
+                &every(&|t| t.errors as f64),
+                &m,
+            ));
+        }
+        s.push_str("</section>");
+    }
     for r in runs {
         let _ = write!(s, "<section><h2>{}</h2>", escape(&r.policy));
         if !r.events.is_empty() {
@@ -621,10 +687,12 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
                 .collect();
             let _ = write!(s, "<p>Events: {}</p>", escape(&ev.join("; ")));
         }
+        let m = marks(&r.events);
         s.push_str(&chart(
             "latency p95 per second",
             "ms",
             &[("p95".into(), r.timeline.iter().map(|t| t.p95_ms).collect())],
+            &m,
         ));
         s.push_str(&chart(
             "requests and errors per second",
@@ -639,6 +707,7 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
                     r.timeline.iter().map(|t| t.errors as f64).collect(),
                 ),
             ],
+            &m,
         ));
         let per_backend = |f: &dyn Fn(&Second, usize) -> f64| -> Vec<(String, Vec<f64>)> {
             r.backends
@@ -651,14 +720,126 @@ pub fn html(scenario: &Scenario, runs: &[RunResult]) -> String {
             "share per backend (requests served per second)",
             "/s",
             &per_backend(&|t, i| t.served.get(i).copied().unwrap_or(0) as f64),
+            &m,
         ));
         s.push_str(&chart(
             "active requests (connections) per backend",
             "",
             &per_backend(&|t, i| t.active.get(i).copied().unwrap_or(0) as f64),
+            &m,
         ));
         s.push_str("</section>");
     }
     s.push_str("</body></html>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn scenario() -> Scenario {
+        let file =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bench/lb-lab-failure.yaml");
+        Scenario::load(&file, 0.05).expect("the shipped scenario")
+    }
+
+    /// A run of ten seconds over two backends, `s1` killed at 4 s.
+    fn run(policy: &str, errors: u64) -> RunResult {
+        let timeline = (0..10)
+            .map(|t| Second {
+                t,
+                requests: 100,
+                errors: if t == 4 { errors } else { 0 },
+                p95_ms: 50.0 + f64::from(t),
+                served: vec![50, 50],
+                active: vec![3, 4],
+            })
+            .collect();
+        RunResult {
+            policy: policy.to_string(),
+            kind: "minimesh",
+            requests: 1000,
+            errors,
+            errors_by_status: BTreeMap::new(),
+            errors_by_reason: BTreeMap::new(),
+            rps: 100.0,
+            latency_ms: Latency::default(),
+            backends: ["s1", "s2"]
+                .iter()
+                .map(|p| BackendResult {
+                    pod: p.to_string(),
+                    address: "127.0.0.1".into(),
+                    requests: 500,
+                    share: 0.5,
+                    p95_ms: 55.0,
+                    peak_active: 4,
+                })
+                .collect(),
+            unattributed: 0,
+            pick: None,
+            events: vec![EventRecord {
+                at_s: 4.0,
+                action: "kill",
+                pod: "s1".into(),
+                done: true,
+            }],
+            timeline,
+        }
+    }
+
+    /// The part of `html` from `from` to the next `</section>`.
+    fn section<'a>(html: &'a str, from: &str) -> &'a str {
+        let start = html
+            .find(from)
+            .unwrap_or_else(|| panic!("no {from} in {html}"));
+        let rest = &html[start..];
+        &rest[..rest.find("</section>").expect("section ends")]
+    }
+
+    #[test]
+    fn the_report_compares_every_run_on_one_chart_and_marks_the_kill() {
+        let html = html(
+            &scenario(),
+            &[run("RING_HASH <x-user>", 0), run("nginx", 7)],
+        );
+        let every = section(&html, "<h2>Every run</h2>");
+        // p95, requests and (since a run failed some) errors: one line per
+        // run, named (escaped) in its tooltip and the legend.
+        assert_eq!(every.matches("<figure>").count(), 3, "{every}");
+        assert_eq!(every.matches("<polyline").count(), 6, "{every}");
+        assert_eq!(
+            every
+                .matches("<title>RING_HASH &lt;x-user&gt;</title>")
+                .count(),
+            3
+        );
+        assert!(every.contains("&#9632; nginx</span>"), "{every}");
+        // Ten seconds, ten points; the kill at 4 s of 9 is 4/9 of the way
+        // across the 600 px after the 40 px axis.
+        let line = &every[every.find("points=\"").expect("points") + 8..];
+        let points = &line[..line.find('"').expect("end")];
+        assert_eq!(points.split(' ').count(), 10, "{points}");
+        assert_eq!(
+            every.matches("class=\"mark\" x1=\"306.7\"").count(),
+            3,
+            "{every}"
+        );
+        assert_eq!(every.matches(">kill s1</text>").count(), 3);
+        // Each run's own four charts carry the mark too.
+        let own = section(&html, "<h2>nginx</h2>");
+        assert_eq!(own.matches("<figure>").count(), 4, "{own}");
+        assert_eq!(own.matches("class=\"mark\"").count(), 4, "{own}");
+    }
+
+    #[test]
+    fn no_errors_chart_when_nothing_failed_and_no_overview_for_one_run() {
+        let html = html(&scenario(), &[run("A", 0), run("B", 0)]);
+        let every = section(&html, "<h2>Every run</h2>");
+        assert_eq!(every.matches("<figure>").count(), 2, "{every}");
+        assert!(!every.contains("errors per second"), "{every}");
+        let one = super::html(&scenario(), &[run("A", 0)]);
+        assert!(!one.contains("Every run"), "{one}");
+    }
 }
