@@ -220,6 +220,18 @@ async fn lb_lab_failure_loses_no_request_under_any_policy() {
             );
         }
     }
+    // The report puts the eight policies on one chart each, and marks the
+    // kill on those two (p95 and requests; nothing failed, so no errors
+    // chart) and on each policy's four.
+    let html = std::fs::read_to_string(net.dir.join("bench/lb-lab-failure/report.html"))
+        .expect("report.html");
+    let runs = v["runs"].as_array().map_or(0, Vec::len);
+    assert!(html.contains("<h2>Every run</h2>"), "{html}");
+    assert_eq!(
+        html.matches(">kill s1-50ms-0</text>").count(),
+        2 + 4 * runs,
+        "{html}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
