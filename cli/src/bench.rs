@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Results go to DIR/<scenario>/: summary.txt, results.json, report.html.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
-    /// Override the topology's /24 network (to run beside another mesh).
+    /// Override the topology's /24 network (to run beside another mesh); an
+    /// ingress listening inside the topology's network moves with it.
     #[arg(long)]
     pub network: Option<Ipv4Addr>,
     /// Override the ingress listener.

@@ -39,7 +39,8 @@ pub struct DemoArgs {
     /// Host header sent to the ingress.
     #[arg(long, default_value = "simple-web.istioinaction.io")]
     pub host: String,
-    /// Override the topology's network.
+    /// Override the topology's /24 network; an ingress listening inside the
+    /// topology's network moves with it.
     #[arg(long)]
     pub network: Option<Ipv4Addr>,
     /// Override the ingress listener.

@@ -35,7 +35,8 @@ pub struct UpArgs {
     /// Topology file (kind: LocalMesh).
     #[arg(default_value = "examples/local/topology.yaml")]
     pub topology: PathBuf,
-    /// Override the topology's /24 network, e.g. 127.0.7.0 (to run two meshes at once).
+    /// Override the topology's /24 network, e.g. 127.0.7.0 (to run two meshes
+    /// at once); an ingress listening inside the topology's network moves with it.
     #[arg(long)]
     pub network: Option<Ipv4Addr>,
     /// Override the ingress listener, e.g. 127.0.0.1:30000.
@@ -188,6 +189,34 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// The last line of a file that is not blank, from its last 4 KiB.
+fn last_line(path: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).ok()?;
+    String::from_utf8_lossy(&tail)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+}
+
+/// `listen` moved from the topology's network `from` to `to` when it is an
+/// address of that /24 (the lb-lab gateway's 127.0.9.252), else as it is
+/// (the demo's 127.0.0.1:30000): a mesh moved with `--network` must not
+/// share its ingress with the mesh it runs beside.
+fn moved(listen: SocketAddr, from: Ipv4Addr, to: Ipv4Addr) -> SocketAddr {
+    match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.octets()[..3] == from.octets()[..3] => {
+            SocketAddr::from((offset(to, ip.octets()[3]), listen.port()))
+        }
+        _ => listen,
+    }
+}
+
 fn offset(net: Ipv4Addr, host: u8) -> Ipv4Addr {
     let o = net.octets();
     Ipv4Addr::new(o[0], o[1], o[2], host)
@@ -237,11 +266,10 @@ impl Mesh {
                 }
             }
         }
-        let ingress = topo
-            .spec
-            .ingress
-            .as_ref()
-            .map(|i| args.ingress.unwrap_or(i.listen));
+        let ingress = topo.spec.ingress.as_ref().map(|i| {
+            args.ingress
+                .unwrap_or_else(|| moved(i.listen, topo.spec.network, net))
+        });
         let state = MeshState {
             name: topo.metadata.name.clone(),
             namespace: ns.clone(),
@@ -456,17 +484,17 @@ impl Mesh {
         )
     }
 
-    /// A process that exited, with its status, if any did.
+    /// A process that exited, with its status and the last line of its log
+    /// (where a process says why it stops), if any did.
     pub fn exited(&mut self) -> Option<String> {
         for p in &mut self.children {
             if let Ok(Some(status)) = p.child.try_wait() {
+                let log = self.home.join("logs").join(format!("{}.log", p.name));
+                let last = last_line(&log).map_or(String::new(), |l| format!(": {l}"));
                 return Some(format!(
-                    "{} exited ({status}); see {}",
+                    "{} exited ({status}){last}; see {}",
                     p.name,
-                    self.home
-                        .join("logs")
-                        .join(format!("{}.log", p.name))
-                        .display()
+                    log.display()
                 ));
             }
         }
@@ -816,4 +844,35 @@ pub fn send_signal(pid: u32, signal: &str, name: &str) -> anyhow::Result<()> {
         bail!("kill -s {signal} {pid} ({name}) failed: {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ingress_inside_the_topology_network_moves_with_it() {
+        let (from, to) = (Ipv4Addr::new(127, 0, 9, 0), Ipv4Addr::new(127, 0, 38, 0));
+        let moved_to = |a: &str| moved(a.parse().expect("address"), from, to).to_string();
+        assert_eq!(moved_to("127.0.9.252:30000"), "127.0.38.252:30000");
+        // The demo's ingress is outside its network (127.0.1.0) and stays.
+        assert_eq!(moved_to("127.0.0.1:30000"), "127.0.0.1:30000");
+        assert_eq!(moved_to("[::1]:30000"), "[::1]:30000");
+    }
+
+    #[test]
+    fn the_last_line_of_a_log_says_why_a_process_stopped() {
+        let dir = std::env::temp_dir().join(format!("minimesh-last-line-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("x.log");
+        let mut text = "noise\n".repeat(2000);
+        text.push_str("sidecar: binding outbound address 127.0.0.1:30000: in use\n\n");
+        std::fs::write(&log, text).expect("write");
+        assert_eq!(
+            last_line(&log).as_deref(),
+            Some("sidecar: binding outbound address 127.0.0.1:30000: in use")
+        );
+        assert_eq!(last_line(&dir.join("none.log")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -369,20 +369,40 @@ pub fn event_loops(args: &Args) -> usize {
 
 /// Binds `n` listening sockets on `addr` with SO_REUSEPORT (the kernel
 /// spreads new connections over them), or one plain socket when `n` is 1.
+///
+/// SO_REUSEPORT would also let another process of the same user join the
+/// group: a second mesh's gateway on the same address would silently take
+/// a share of the new connections. So the address is first bound once
+/// without it, which fails, as a plain bind does, while anything listens
+/// there.
 fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net::TcpSocket>> {
+    let socket = || {
+        let s = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        s.set_reuseaddr(true)?;
+        Ok::<_, std::io::Error>(s)
+    };
+    let in_use = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(e.kind(), format!("{e}: another process listens there"))
+        } else {
+            e
+        }
+    };
+    if n > 1 {
+        socket()?.bind(addr).map_err(in_use)?;
+    }
     (0..n.max(1))
         .map(|_| {
-            let socket = if addr.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()?
-            } else {
-                tokio::net::TcpSocket::new_v6()?
-            };
-            socket.set_reuseaddr(true)?;
+            let s = socket()?;
             if n > 1 {
-                socket.set_reuseport(true)?;
+                s.set_reuseport(true)?;
             }
-            socket.bind(addr)?;
-            Ok(socket)
+            s.bind(addr).map_err(in_use)?;
+            Ok(s)
         })
         .collect()
 }

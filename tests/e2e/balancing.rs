@@ -237,6 +237,48 @@ async fn two_event_loops_share_one_balancer() {
     // And are counted out as they close.
     drop(conns);
     loops_become(admin, [0, 0]).await;
+
+    // SO_REUSEPORT would let another process join those sockets and take a
+    // share of the new connections unseen (a second mesh's gateway did);
+    // a second sidecar on the address is refused instead, with either
+    // number of loops.
+    let outbound = net.addr(100, 15001);
+    for loops in ["2", "1"] {
+        let mut second = std::process::Command::new(bin("sidecar"))
+            .args(["--xds-addr", &format!("http://{}", net.cp_xds())])
+            .args(["--workload", "second", "--namespace", NS])
+            .args(["--outbound", &outbound.to_string()])
+            .args(["--admin", &net.addr(101, 15000).to_string()])
+            .args(["--worker-threads", loops])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sidecar starts");
+        let mut exited = None;
+        for _ in 0..100 {
+            exited = second.try_wait().expect("wait");
+            if exited.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if exited.is_none() {
+            let _ = second.kill();
+            panic!("a second sidecar with {loops} loop(s) runs on {outbound}, in use");
+        }
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut second.stderr.take().expect("stderr"), &mut err)
+            .expect("stderr");
+        assert!(!exited.is_some_and(|s| s.success()), "{err}");
+        assert!(
+            err.contains(&format!(
+                "binding outbound address {outbound}: Address already in use (os error 98): another process listens there"
+            )),
+            "{loops} loop(s): {err}"
+        );
+    }
+    let c = load(outbound, "backend", 8, 200).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
 }
 
 /// Waits (up to 2 s) for the outbound listener's two loops to serve `want`
