@@ -31,7 +31,7 @@ use scenario::{Action, Scenario};
 pub struct BenchArgs {
     /// Scenario file, or the name of a shipped one (`examples/bench/NAME.yaml`):
     /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp;
-    /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy),
+    /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy, and nginx answering by itself as the machine's CPU floor),
     /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N).
     /// These two names always mean the built-in benchmarks, even where a file
     /// of that name exists (such as the control-plane binary in
@@ -403,6 +403,7 @@ async fn peer_run(
         directives: &peer.directives,
         timeout: scenario.timeout,
         retry_5xx: peer.retry_5xx,
+        static_listen: None,
     };
     let dir = out.join("peers").join(slug(&peer.name));
     let proxy = peers::start(peer.kind, binary, &dir, &config).await?;

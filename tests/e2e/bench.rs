@@ -411,7 +411,38 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             .into_iter()
             .filter(|p| with_peers && installed(p))
             .collect();
-        assert_eq!(paths.len(), 3 + peers.len(), "{v:#}");
+        // With nginx, nginx answering by itself too: the CPU floor.
+        let floor = peers.contains(&"nginx");
+        assert_eq!(paths.len(), 3 + peers.len() + floor as usize, "{v:#}");
+        if floor {
+            let last = &paths[paths.len() - 1];
+            assert_eq!(last["path"], "nginx answering itself (the floor)", "{v:#}");
+            let server = last["cpu_s_per_1000"].as_f64().unwrap_or(0.0);
+            let f = &v["cpu_floor"];
+            assert_eq!(f["server_cpu_s_per_1000"].as_f64(), Some(server), "{f}");
+            assert_eq!(
+                f["proxy_cpu_s_per_1000"].as_f64(),
+                Some(2.0 * server),
+                "{f}"
+            );
+            // Every proxy path is read against it, the pair against two proxies' floor.
+            let ratios = f["ratios"].as_array().expect("ratios");
+            assert_eq!(ratios.len(), 2 + peers.len(), "{f}");
+            let pair = paths[2]["cpu_s_per_1000"].as_f64().unwrap_or(0.0);
+            assert_eq!(ratios[1][0], paths[2]["path"], "{f}");
+            assert!(
+                (ratios[1][1].as_f64().unwrap_or(0.0) - pair / (4.0 * server)).abs() < 1e-9,
+                "{f}"
+            );
+            let summary =
+                std::fs::read_to_string(out.join("overhead/summary.txt")).expect("summary");
+            assert!(
+                summary.contains("CPU floor: nginx answering by itself"),
+                "{summary}"
+            );
+        } else {
+            assert!(v["cpu_floor"].is_null(), "{v:#}");
+        }
         let pairs = v["sidecar_against_peers"].as_array().expect("pairs");
         assert_eq!(
             pairs

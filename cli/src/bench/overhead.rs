@@ -7,6 +7,11 @@
 //! direct path), the highest rate it reaches with 64 connections, the
 //! proxies' CPU seconds per 1,000 requests at the fixed rate and CPU per
 //! request at the highest, and their peak RSS (from /proc).
+//! With nginx installed, nginx answering by itself (`return 200`) is
+//! measured too: the machine's cost of one connection and one wake-up per
+//! request, of which a proxy pays two, and so the floor that every proxy's
+//! CPU figure is read against (a figure in CPU seconds alone depends on the
+//! day's machine more than on the proxy).
 //! The paths take turns over several rounds and each figure is the median of
 //! its rounds: on a shared machine one pass per path lets a burst of someone
 //! else's work decide a ratio. The one-sidecar path is also set against each
@@ -168,6 +173,51 @@ fn usage(pid: u32) -> (u64, u64) {
 /// Workers of every proxy compared: nginx `worker_processes`, HAProxy
 /// `nbthread`, the sidecars' `--worker-threads`.
 const PEER_WORKERS: usize = 2;
+
+/// The path on which nginx answers by itself (`return 200`, no upstream):
+/// one connection read and written and one wake-up per request, about the
+/// least an HTTP server can spend on this machine. A proxy does that twice per
+/// request (the caller's connection and the app's), so twice this path's
+/// CPU is the floor every proxy's figure is read against.
+pub const FLOOR: &str = "nginx answering itself (the floor)";
+
+/// The CPU floor of one proxy and each proxy path's CPU against it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuFloor {
+    /// CPU seconds per 1,000 requests of nginx answering by itself.
+    pub server_cpu_s_per_1000: f64,
+    /// Twice that: two connections served per proxied request.
+    pub proxy_cpu_s_per_1000: f64,
+    /// Each proxy path's CPU at the fixed rate over the floor of the proxies
+    /// on it (two for the sidecar pair).
+    pub ratios: Vec<(String, f64)>,
+}
+
+fn cpu_floor(results: &[PathResult]) -> Option<CpuFloor> {
+    let server = results
+        .iter()
+        .find(|r| r.path == FLOOR)?
+        .cpu_s_per_1000
+        .filter(|c| *c > 0.0)?;
+    let proxy = 2.0 * server;
+    let ratios = results
+        .iter()
+        .filter(|r| r.path != FLOOR)
+        .filter_map(|r| {
+            let proxies = if r.path.starts_with("sidecar pair") {
+                2.0
+            } else {
+                1.0
+            };
+            Some((r.path.clone(), r.cpu_s_per_1000? / (proxy * proxies)))
+        })
+        .collect();
+    Some(CpuFloor {
+        server_cpu_s_per_1000: server,
+        proxy_cpu_s_per_1000: proxy,
+        ratios,
+    })
+}
 
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
 pub(crate) const TICKS: f64 = 100.0;
@@ -443,15 +493,23 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         "peak RSS"
     );
     for r in &results {
+        // The floor is another server, not a path to the app: nothing added.
+        let added = |ms: f64| {
+            if r.path == FLOOR {
+                "-".to_string()
+            } else {
+                format!("{ms:.3}ms")
+            }
+        };
         let _ =
             writeln!(
             s,
-            "{:<34} {:>7.3}ms {:>7.3}ms {:>8.3}ms {:>8.3}ms {:>7} {:>10.0} {:>17} {:>14} {:>14} {:>10}",
+            "{:<34} {:>7.3}ms {:>7.3}ms {:>10} {:>10} {:>7} {:>10.0} {:>17} {:>14} {:>14} {:>10}",
             r.path,
             r.p50_ms,
             r.p99_ms,
-            r.added_p50_ms,
-            r.added_p99_ms,
+            added(r.added_p50_ms),
+            added(r.added_p99_ms),
             r.errors,
             r.max_rps,
             {
@@ -469,6 +527,21 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         s,
         "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc: CPU s/1000req at the fixed rate, CPU us/req at saturation; peak RSS at the fixed rate, before any saturation)"
     );
+    let floor = cpu_floor(&results);
+    if let Some(f) = &floor {
+        let _ = writeln!(
+            s,
+            "\nCPU floor: nginx answering by itself (return 200, no upstream) used {:.4} CPU s per 1,000 requests, one connection and one wake-up per request; a proxy serves two connections per request, so about {:.4} is the least a proxy can use on this machine today (two proxies on the sidecar pair: {:.4}). Each path's CPU at the fixed rate against that floor: {}",
+            f.server_cpu_s_per_1000,
+            f.proxy_cpu_s_per_1000,
+            2.0 * f.proxy_cpu_s_per_1000,
+            f.ratios
+                .iter()
+                .map(|(p, r)| format!("{p} {r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let pairs = paired(&results);
     if !pairs.is_empty() {
         let _ = writeln!(
@@ -499,6 +572,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             "load_generator": generator.name(),
             "paths": results,
             "sidecar_against_peers": pairs,
+            "cpu_floor": floor,
         }),
     )
 }
@@ -572,6 +646,7 @@ async fn paths(
     // The peers run side by side (one port each) for the whole measurement,
     // so that the rounds can alternate between every path.
     let mut running = Vec::new();
+    let mut floor_spec = None;
     if !no_peers {
         let o = pod.ip.octets();
         for (port, kind, directives) in [
@@ -587,12 +662,16 @@ async fn paths(
                 continue;
             };
             let listen = SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), port));
+            // nginx also answers by itself, on port 30002: the floor.
+            let floor = (kind == peers::Kind::Nginx)
+                .then(|| SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), 30002)));
             let config = peers::PeerConfig {
                 listen,
                 servers: vec![(&pod, 1)],
                 directives,
                 timeout: Duration::from_secs(10),
                 retry_5xx: false,
+                static_listen: floor,
             };
             let peer = match peers::start(kind, &binary, &out.join(kind.binary()), &config).await {
                 Ok(p) => p,
@@ -608,16 +687,24 @@ async fn paths(
                 target(listen, "echo"),
                 peer.pid().into_iter().collect(),
             ));
+            if let Some(floor) = floor {
+                floor_spec = Some((
+                    FLOOR.to_string(),
+                    target(floor, "echo"),
+                    peer.pid().into_iter().collect(),
+                ));
+            }
             running.push(peer);
         }
     }
+    specs.extend(floor_spec);
     let measured = rounds_of(&specs, rounds, rate, duration, generator).await;
     for p in running {
         p.stop().await;
     }
     let mut results = measured?;
     let (b50, b99) = (results[0].p50_ms, results[0].p99_ms);
-    for r in &mut results {
+    for r in results.iter_mut().filter(|r| r.path != FLOOR) {
         r.added_p50_ms = r.p50_ms - b50;
         r.added_p99_ms = r.p99_ms - b99;
     }

@@ -133,6 +133,9 @@ pub struct PeerConfig<'a> {
     pub timeout: Duration,
     /// Retry 500, 502, 503 and 504 responses on another server too.
     pub retry_5xx: bool,
+    /// nginx only: also answer `200 ok` by itself on this address, with no
+    /// upstream (the overhead bench's measure of the machine's floor).
+    pub static_listen: Option<SocketAddr>,
 }
 
 fn nginx_conf(dir: &Path, c: &PeerConfig) -> String {
@@ -154,7 +157,7 @@ fn nginx_conf(dir: &Path, c: &PeerConfig) -> String {
            server {{\n    listen {};\n    location / {{\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n\
                  proxy_set_header Connection \"\";\n      proxy_set_header Host $host;\n\
                  proxy_next_upstream error timeout{};\n      proxy_next_upstream_tries 3;\n\
-                 proxy_connect_timeout 1s;\n      proxy_read_timeout {}s;\n    }}\n  }}\n}}\n",
+                 proxy_connect_timeout 1s;\n      proxy_read_timeout {}s;\n    }}\n  }}\n{}}}\n",
         c.directives.replace('\n', "\n    "),
         c.listen,
         if c.retry_5xx {
@@ -162,7 +165,10 @@ fn nginx_conf(dir: &Path, c: &PeerConfig) -> String {
         } else {
             ""
         },
-        c.timeout.as_secs().max(1)
+        c.timeout.as_secs().max(1),
+        c.static_listen.map_or(String::new(), |a| format!(
+            "  server {{\n    listen {a};\n    location / {{ return 200 \"ok\\n\"; }}\n  }}\n"
+        ))
     )
 }
 
