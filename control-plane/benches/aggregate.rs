@@ -24,7 +24,8 @@ fn report(seq: u64) -> LoadStatsRequest {
                     requests_in_progress: 1,
                     latency_sum_ms: 200.0,
                     latency_count: 10,
-                    latency_histogram: vec![0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    latency_first_bucket: minimesh_proto::latency::bucket(19_000) as u32,
+                    latency_buckets: vec![3, 0, 4, 3],
                     sequence: seq,
                     ..Default::default()
                 })

@@ -1,4 +1,5 @@
-//! Admin HTTP: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and JSON
+//! Admin HTTP: `/healthz`, `/readyz`, `/metrics` (OpenMetrics text of the
+//! registry every module registers on) and JSON
 //! debug views (`/debug/proxies`, `/debug/config`, `/debug/endpoints`).
 
 use std::collections::BTreeMap;
@@ -44,7 +45,7 @@ pub struct ConfigView {
 pub struct Admin {
     /// Aggregated load reports.
     pub load: Arc<crate::load::Aggregator>,
-    /// Metrics registry.
+    /// Every metric of the control plane: each module registers its own.
     pub metrics: Registry,
     /// Connected proxies.
     pub proxies: Arc<Proxies>,
@@ -111,13 +112,6 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             if prometheus_client::encoding::text::encode(&mut out, &admin.metrics).is_err() {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n".into());
             }
-            // The aggregated load view, per endpoint, before the closing "# EOF".
-            if out.ends_with("# EOF\n") {
-                out.truncate(out.len() - "# EOF\n".len());
-            }
-            let known = known_endpoints(&admin.snapshots.borrow());
-            load_metrics(&mut out, &admin.load.view(&known));
-            out.push_str("# EOF\n");
             let mut resp = text(StatusCode::OK, out);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -127,7 +121,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         "/debug/proxies" => json_response(&json!(admin.proxies.list())),
         "/debug/load" => {
-            let known = known_endpoints(&admin.snapshots.borrow());
+            let known = admin.snapshots.borrow().endpoint_addresses();
             json_response(&admin.load.view(&known))
         }
         "/debug/config" => {
@@ -154,73 +148,6 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             "not found; try /healthz /readyz /metrics /debug/proxies /debug/config /debug/endpoints /debug/versions /debug/load\n".into(),
         ),
     }
-}
-
-fn load_metrics(out: &mut String, view: &Value) {
-    use std::fmt::Write;
-    let series = [
-        (
-            "minimesh_load_rps",
-            "rps",
-            "Requests per second to the endpoint, from every sidecar",
-        ),
-        (
-            "minimesh_load_success_ratio",
-            "success_ratio",
-            "Share of the endpoint's responses that succeeded",
-        ),
-        (
-            "minimesh_load_in_flight",
-            "in_flight",
-            "Requests in flight to the endpoint, all sidecars",
-        ),
-        (
-            "minimesh_load_share",
-            "share",
-            "The endpoint's share of its service's requests",
-        ),
-        (
-            "minimesh_load_latency_p50_ms",
-            "p50_ms",
-            "Median latency (bucket upper bound), ms",
-        ),
-        (
-            "minimesh_load_latency_p95_ms",
-            "p95_ms",
-            "95th percentile latency (bucket upper bound), ms",
-        ),
-        (
-            "minimesh_load_latency_p99_ms",
-            "p99_ms",
-            "99th percentile latency (bucket upper bound), ms",
-        ),
-    ];
-    for (name, field, help) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for (cluster, eps) in view["clusters"].as_object().into_iter().flatten() {
-            for (ep, v) in eps.as_object().into_iter().flatten() {
-                if let Some(x) = v[field].as_f64() {
-                    let _ = writeln!(out, "{name}{{cluster=\"{cluster}\",endpoint=\"{ep}\"}} {x}");
-                }
-            }
-        }
-    }
-}
-
-/// Every endpoint address of every cluster in `snap`.
-fn known_endpoints(snap: &Snapshot) -> BTreeMap<String, Vec<String>> {
-    let mut out = BTreeMap::new();
-    if let Some(eps) = snap.get(ENDPOINTS_TYPE) {
-        for (name, entry) in &eps.resources {
-            if let Ok(cla) = ClusterLoadAssignment::decode(entry.any.value.as_slice()) {
-                out.insert(
-                    name.clone(),
-                    cla.endpoints.into_iter().map(|e| e.address).collect(),
-                );
-            }
-        }
-    }
-    out
 }
 
 fn endpoints_view(snap: &Snapshot) -> Value {

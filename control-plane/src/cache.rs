@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use minimesh_proto::v1::ClusterLoadAssignment;
 use minimesh_proto::{
     prost::Message, prost_types::Any, to_any, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE,
 };
@@ -45,6 +46,22 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Every endpoint address of every cluster, by cluster.
+    pub fn endpoint_addresses(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out = BTreeMap::new();
+        if let Some(eps) = self.get(ENDPOINTS_TYPE) {
+            for (name, entry) in &eps.resources {
+                if let Ok(cla) = ClusterLoadAssignment::decode(entry.any.value.as_slice()) {
+                    out.insert(
+                        name.clone(),
+                        cla.endpoints.into_iter().map(|e| e.address).collect(),
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// The resources of a type (empty for an unknown type).
     pub fn get(&self, type_url: &str) -> Option<&Arc<TypeSnapshot>> {
         self.types.get(type_url)

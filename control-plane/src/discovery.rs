@@ -4,3 +4,6 @@
 pub mod registry;
 pub mod server;
 pub(crate) mod session;
+
+#[cfg(test)]
+mod tests;

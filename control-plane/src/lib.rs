@@ -10,8 +10,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod discovery;
-mod grpc;
-pub mod http2;
+pub mod grpc;
 pub mod load;
 pub mod load_aware;
 pub mod metrics;
@@ -27,8 +26,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use minimesh_proto::v1::aggregated_discovery_service_server;
-use minimesh_proto::v1::load_reporting_service_server;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -112,6 +109,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let cache = Arc::new(Cache::default());
     let proxies = Arc::new(discovery::registry::Registry::default());
     let aggregator = Arc::new(load::Aggregator::new(args.load_window));
+    load::metrics::LoadMetrics {
+        aggregator: aggregator.clone(),
+        snapshots: cache.subscribe(),
+    }
+    .register(&mut registry);
     let admin = Arc::new(Admin {
         load: aggregator.clone(),
         metrics: registry,
@@ -197,37 +199,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         aggregator,
         la: la.clone(),
     };
-    // gRPC paths are /<service>/<method>.
-    let ads = aggregated_discovery_service_server::SERVICE_NAME;
-    let sotw = format!("/{ads}/StreamAggregatedResources");
-    let delta = format!("/{ads}/DeltaAggregatedResources");
-    let reports = format!(
-        "/{}/StreamLoadStats",
-        load_reporting_service_server::SERVICE_NAME
-    );
-    let handler: http2::Handler = Arc::new(move |request| {
-        let path = request.uri().path();
-        let response = if path == sotw {
-            grpc::serve(request, |inbound| discovery.sotw(inbound))
-        } else if path == delta {
-            grpc::serve(request, |inbound| discovery.delta(inbound))
-        } else if path == reports {
-            grpc::serve(request, |inbound| lrs.open(inbound))
-        } else {
-            tonic::Status::unimplemented(format!("no service serves {path}")).into_http()
-        };
-        Box::pin(std::future::ready(Ok(response)))
-    });
-    http2::serve(
-        xds_listener,
-        handler,
-        http2::Settings {
-            keepalive_interval: Duration::from_secs(10),
-            keepalive_timeout: Duration::from_secs(5),
-        },
-        shutdown_signal(),
-    )
-    .await;
+    grpc::serve(xds_listener, discovery, lrs, shutdown_signal())
+        .await
+        .context("discovery server")?;
     info!("control plane stopped");
     Ok(())
 }

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use minimesh_proto::latency::Span;
+use minimesh_proto::v1::load_reporting_service_server::LoadReportingService;
 use minimesh_proto::v1::{LoadStatsRequest, LoadStatsResponse};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -13,11 +15,9 @@ use tonic::Status;
 use tracing::{debug, warn};
 
 use crate::discovery::session::{drive, BoxStream, Session};
-use crate::grpc::Inbound;
 
-/// Latency bucket bounds (ms) of the reports' histograms, the sidecar's.
-pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
-    [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
+pub mod metrics;
+
 /// How long a reporter's highest sequence is kept after its last report: far longer than any reconnect that could send a
 /// report again, and short enough that reporters and endpoints that are gone
 /// (every rollout brings new pod names and addresses) do not pile up.
@@ -36,7 +36,7 @@ struct Second {
     issued: u64,
     succeeded: u64,
     failed: u64,
-    latency: [u64; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
+    latency: Span,
     latency_sum_ms: f64,
     latency_count: u64,
 }
@@ -68,6 +68,7 @@ struct Reporter {
 type Endpoints = BTreeMap<String, BTreeMap<String, EndpointLoad>>;
 
 /// The aggregate view.
+#[derive(Debug)]
 pub struct Aggregator {
     window: Duration,
     start: Instant,
@@ -90,7 +91,7 @@ struct Totals {
     issued: u64,
     succeeded: u64,
     failed: u64,
-    latency: [u64; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
+    latency: Span,
     latency_sum_ms: f64,
     latency_count: u64,
     in_flight: u64,
@@ -152,8 +153,8 @@ impl Aggregator {
                     && e.latency_sum_ms.is_finite()
                     && e.latency_sum_ms >= 0.0
                     && e.latency_sum_ms <= MAX_COUNT as f64 * 3_600_000.0
-                    && e.latency_histogram.len() <= LATENCY_BUCKET_BOUNDS_MS.len() + 1
-                    && e.latency_histogram.iter().all(|n| *n <= MAX_COUNT);
+                    && Span::fits(e.latency_first_bucket as usize, &e.latency_buckets)
+                    && e.latency_buckets.iter().all(|n| *n <= MAX_COUNT);
                 if !sane {
                     self.rejected
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -200,9 +201,8 @@ impl Aggregator {
                     s.failed += e.requests_failed;
                     s.latency_sum_ms += e.latency_sum_ms;
                     s.latency_count += e.latency_count;
-                    for (i, n) in e.latency_histogram.iter().enumerate() {
-                        s.latency[i] += n;
-                    }
+                    s.latency
+                        .add(e.latency_first_bucket as usize, &e.latency_buckets);
                 }
                 ep.in_flight.insert(id, (e.requests_in_progress, now));
             }
@@ -246,7 +246,7 @@ impl Aggregator {
             issued: 0,
             succeeded: 0,
             failed: 0,
-            latency: [0; LATENCY_BUCKET_BOUNDS_MS.len() + 1],
+            latency: Span::default(),
             latency_sum_ms: 0.0,
             latency_count: 0,
             in_flight: 0,
@@ -262,9 +262,7 @@ impl Aggregator {
             t.failed += s.failed;
             t.latency_sum_ms += s.latency_sum_ms;
             t.latency_count += s.latency_count;
-            for (i, n) in s.latency.iter().enumerate() {
-                t.latency[i] += n;
-            }
+            t.latency.add(s.latency.first, &s.latency.counts);
         }
         for (n, at) in ep.in_flight.values() {
             if now.duration_since(*at) <= self.window {
@@ -360,21 +358,14 @@ impl Aggregator {
     }
 }
 
-/// Upper bound (ms) of the bucket holding quantile `q`; null without samples.
-fn quantile(hist: &[u64], q: f64) -> Value {
-    let total: u64 = hist.iter().sum();
-    if total == 0 {
-        return Value::Null;
+/// Quantile `q` of `latency` in milliseconds, rounded to a microsecond
+/// (within 1.6% of the real value: [`minimesh_proto::latency`]); null
+/// without samples.
+fn quantile(latency: &Span, q: f64) -> Value {
+    match latency.quantile(q) {
+        Some(us) => json!((us / 1000.0 * 1000.0).round() / 1000.0),
+        None => Value::Null,
     }
-    let target = (total as f64 * q).ceil() as u64;
-    let mut acc = 0;
-    for (i, n) in hist.iter().enumerate() {
-        acc += n;
-        if acc >= target {
-            return json!(LATENCY_BUCKET_BOUNDS_MS.get(i).copied().unwrap_or(u64::MAX));
-        }
-    }
-    Value::Null
 }
 
 /// The load-report service.
@@ -386,15 +377,25 @@ pub struct LoadReports {
     pub la: Arc<crate::LoadAwareState>,
 }
 
-impl LoadReports {
-    /// A load-report stream (`StreamLoadStats`).
-    pub(crate) fn open(&self, inbound: Inbound<LoadStatsRequest>) -> BoxStream<LoadStatsResponse> {
+#[tonic::async_trait]
+impl LoadReportingService for LoadReports {
+    type StreamLoadStatsStream = BoxStream<LoadStatsResponse>;
+
+    async fn stream_load_stats(
+        &self,
+        request: tonic::Request<tonic::Streaming<LoadStatsRequest>>,
+    ) -> Result<tonic::Response<Self::StreamLoadStatsStream>, Status> {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
             sent_interval: 0,
         };
-        drive(session, inbound, self.la.report_interval_ms.subscribe())
+        let stream = drive(
+            session,
+            request.into_inner(),
+            self.la.report_interval_ms.subscribe(),
+        );
+        Ok(tonic::Response::new(stream))
     }
 }
 

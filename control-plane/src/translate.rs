@@ -181,7 +181,7 @@ pub fn translate(
                 service: skey.name.clone(),
                 namespace: skey.namespace.clone(),
                 port: port.port.into(),
-                policy: lb_policy(res.policy) as i32,
+                policy: res.policy.to_wire() as i32,
                 connect_timeout_ms: res.connect_timeout.map_or(0, |d| d.as_millis() as u64),
                 timeout_ms: res.timeout.map_or(0, |d| d.as_millis() as u64),
                 retry_attempts: res.retry_attempts,
@@ -317,18 +317,6 @@ fn outlier_detection(o: &rule::Outlier) -> v1::OutlierDetection {
         max_ejection_percent: o.max_ejection_percent,
         min_health_percent: o.min_health_percent,
         ignore_503: o.ignore_503,
-    }
-}
-
-fn lb_policy(p: Policy) -> LbPolicy {
-    match p {
-        Policy::RoundRobin => LbPolicy::RoundRobin,
-        Policy::Random => LbPolicy::Random,
-        Policy::LeastRequest => LbPolicy::LeastRequest,
-        Policy::RingHash => LbPolicy::RingHash,
-        Policy::Maglev => LbPolicy::Maglev,
-        Policy::PeakEwma => LbPolicy::PeakEwma,
-        Policy::LoadAware => LbPolicy::LoadAware,
     }
 }
 

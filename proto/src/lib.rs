@@ -9,6 +9,13 @@ pub mod v1 {
     tonic::include_proto!("minimesh.v1");
 }
 
+pub mod duration;
+pub mod headers;
+pub mod latency;
+pub mod policy;
+pub mod retry_on;
+
+pub use policy::Policy;
 pub use prost;
 pub use prost_types;
 

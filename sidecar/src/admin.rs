@@ -1,9 +1,8 @@
 //! Sidecar admin HTTP: `/healthz`, `/ready` (200 once config arrived),
-//! `/metrics` (Prometheus text) and `/debug/config` (clusters, endpoints and
+//! `/metrics` (OpenMetrics text of the registry [`crate::metrics`] fills) and `/debug/config` (clusters, endpoints and
 //! their live state as JSON).
 
 use std::convert::Infallible;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use minimesh_proto::v1::UpstreamProtocol;
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::debug;
@@ -29,8 +29,8 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
     /// Node id, for the debug view.
     pub node_id: String,
-    /// Each proxy listener's event loops, for their connection counts.
-    pub listeners: Vec<(&'static str, Arc<crate::proxy::Loops>)>,
+    /// Every metric of the sidecar ([`crate::metrics`]).
+    pub metrics: Registry,
 }
 
 /// Serves the admin API forever.
@@ -70,11 +70,21 @@ fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 )
             }
         }
-        "/metrics" => text(
-            StatusCode::OK,
-            metrics(admin),
-            "text/plain; version=0.0.4; charset=utf-8",
-        ),
+        "/metrics" => {
+            let mut out = String::new();
+            match prometheus_client::encoding::text::encode(&mut out, &admin.metrics) {
+                Ok(()) => text(
+                    StatusCode::OK,
+                    out,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "encoding failed\n".into(),
+                    "text/plain",
+                ),
+            }
+        }
         "/debug/config" => text(
             StatusCode::OK,
             format!("{:#}\n", config(admin)),
@@ -147,161 +157,6 @@ fn config(admin: &Admin) -> serde_json::Value {
     let mut hosts: Vec<&str> = routing.hosts().collect();
     hosts.sort();
     json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
-}
-
-fn metrics(admin: &Admin) -> String {
-    let routing = admin.routing.load();
-    let mut out = String::new();
-    let series: [(&str, &str, &str); 7] = [
-        (
-            "minimesh_endpoint_connections",
-            "gauge",
-            "Upstream connections open to the endpoint (busy and idle)",
-        ),
-        (
-            "minimesh_endpoint_ejected",
-            "gauge",
-            "1 while ejected by outlier detection",
-        ),
-        (
-            "minimesh_endpoint_requests_total",
-            "counter",
-            "Requests sent to the endpoint",
-        ),
-        (
-            "minimesh_endpoint_responses_total",
-            "counter",
-            "Responses and failures by outcome",
-        ),
-        (
-            "minimesh_endpoint_active_requests",
-            "gauge",
-            "Requests in flight to the endpoint",
-        ),
-        (
-            "minimesh_endpoint_connect_failures_total",
-            "counter",
-            "Refused or failed connections",
-        ),
-        (
-            "minimesh_endpoint_failing",
-            "gauge",
-            "1 while the endpoint is skipped after a connect failure",
-        ),
-    ];
-    for (name, kind, help) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (cname, c) in &routing.clusters {
-            for e in c.balancer.endpoints() {
-                let labels = format!(
-                    "cluster=\"{cname}\",endpoint=\"{}\",pod=\"{}\"",
-                    e.addr, e.pod
-                );
-                let k = &e.counters;
-                match name {
-                    "minimesh_endpoint_requests_total" => {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels}}} {}",
-                            k.issued.load(Ordering::Relaxed)
-                        );
-                    }
-                    "minimesh_endpoint_responses_total" => {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels},outcome=\"success\"}} {}",
-                            k.succeeded.load(Ordering::Relaxed)
-                        );
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels},outcome=\"failure\"}} {}",
-                            k.failed.load(Ordering::Relaxed)
-                        );
-                    }
-                    "minimesh_endpoint_active_requests" => {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels}}} {}",
-                            e.active.load(Ordering::Relaxed)
-                        );
-                    }
-                    "minimesh_endpoint_connect_failures_total" => {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels}}} {}",
-                            k.connect_failures.load(Ordering::Relaxed)
-                        );
-                    }
-                    "minimesh_endpoint_connections" => {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{labels}}} {}",
-                            e.pool.open.load(Ordering::Relaxed)
-                        );
-                    }
-                    "minimesh_endpoint_ejected" => {
-                        let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(e.is_ejected()));
-                    }
-                    _ => {
-                        let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(e.is_failing()));
-                    }
-                }
-            }
-        }
-    }
-    let _ = writeln!(out, "# HELP minimesh_endpoint_request_duration_seconds Time to response headers\n# TYPE minimesh_endpoint_request_duration_seconds histogram");
-    for (cname, c) in &routing.clusters {
-        for e in c.balancer.endpoints() {
-            let labels = format!(
-                "cluster=\"{cname}\",endpoint=\"{}\",pod=\"{}\"",
-                e.addr, e.pod
-            );
-            e.counters.latency_ms.encode(
-                &mut out,
-                "minimesh_endpoint_request_duration_seconds",
-                &labels,
-                1e-3,
-            );
-        }
-    }
-    let _ = writeln!(out, "# HELP minimesh_pick_duration_seconds Time to pick an endpoint (one pick in 16 per event loop is timed)\n# TYPE minimesh_pick_duration_seconds histogram");
-    for (cname, c) in &routing.clusters {
-        let labels = format!(
-            "cluster=\"{cname}\",policy=\"{}\"",
-            c.balancer.policy().as_str()
-        );
-        c.pick_ns
-            .0
-            .encode(&mut out, "minimesh_pick_duration_seconds", &labels, 1e-9);
-    }
-    let _ = writeln!(out, "# HELP minimesh_listener_connections Client connections each event loop of a listener serves\n# TYPE minimesh_listener_connections gauge");
-    for (listener, loops) in &admin.listeners {
-        for i in 0..loops.len() {
-            let _ = writeln!(
-                out,
-                "minimesh_listener_connections{{listener=\"{listener}\",loop=\"{i}\"}} {}",
-                loops.open(i)
-            );
-        }
-    }
-    let _ = writeln!(out, "# HELP minimesh_cluster_retries_total Retries made\n# TYPE minimesh_cluster_retries_total counter");
-    for (cname, c) in &routing.clusters {
-        let _ = writeln!(
-            out,
-            "minimesh_cluster_retries_total{{cluster=\"{cname}\"}} {}",
-            c.budget.retried.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(out, "# HELP minimesh_cluster_retry_budget_exhausted_total Retries refused by the retry budget\n# TYPE minimesh_cluster_retry_budget_exhausted_total counter");
-    for (cname, c) in &routing.clusters {
-        let _ = writeln!(
-            out,
-            "minimesh_cluster_retry_budget_exhausted_total{{cluster=\"{cname}\"}} {}",
-            c.budget.exhausted.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(out, "# HELP minimesh_config_ready 1 once config arrived\n# TYPE minimesh_config_ready gauge\nminimesh_config_ready {}", u8::from(admin.ready.load(Ordering::Relaxed)));
-    out
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {

@@ -16,60 +16,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use minimesh_proto::v1::LbPolicy;
-
 use crate::endpoint::EndpointState;
 
-/// The policies this sidecar implements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Smooth weighted round robin.
-    RoundRobin,
-    /// Weighted random.
-    Random,
-    /// Power of two choices on active requests per weight.
-    LeastRequest,
-    /// Ring hash on the request's hash key.
-    RingHash,
-    /// Maglev table on the request's hash key.
-    Maglev,
-    /// Power of two choices on peak EWMA latency × (active + 1).
-    PeakEwma,
-    /// Weighted power of two choices, with weights the control plane
-    /// computes from every sidecar's load reports.
-    LoadAware,
-}
-
-impl Policy {
-    /// The sidecar policy for a wire policy, or why it cannot serve it.
-    pub fn from_wire(p: i32) -> Result<Policy, String> {
-        match LbPolicy::try_from(p) {
-            Ok(LbPolicy::RoundRobin) => Ok(Policy::RoundRobin),
-            Ok(LbPolicy::Random) => Ok(Policy::Random),
-            Ok(LbPolicy::LeastRequest) | Ok(LbPolicy::Unspecified) => Ok(Policy::LeastRequest),
-            Ok(LbPolicy::RingHash) => Ok(Policy::RingHash),
-            Ok(LbPolicy::Maglev) => Ok(Policy::Maglev),
-            Ok(LbPolicy::PeakEwma) => Ok(Policy::PeakEwma),
-            Ok(LbPolicy::LoadAware) => Ok(Policy::LoadAware),
-            Err(_) => Err(format!(
-                "unknown policy number {p} (a newer control plane?)"
-            )),
-        }
-    }
-
-    /// The name users write.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::RoundRobin => "ROUND_ROBIN",
-            Policy::Random => "RANDOM",
-            Policy::LeastRequest => "LEAST_REQUEST",
-            Policy::RingHash => "RING_HASH",
-            Policy::Maglev => "MAGLEV",
-            Policy::PeakEwma => "PEAK_EWMA",
-            Policy::LoadAware => "LOAD_AWARE",
-        }
-    }
-}
+/// The policies (one type with the control plane's).
+pub use minimesh_proto::Policy;
 
 enum Picker {
     RoundRobin(round_robin::RoundRobin),

@@ -30,8 +30,21 @@ pub struct Counters {
     pub connect_failures: AtomicU64,
     /// Sum of latencies in microseconds.
     pub latency_us_sum: AtomicU64,
-    /// Latency to response headers, milliseconds.
-    pub latency_ms: crate::histogram::Histogram<13>,
+    /// Latency to response headers, microseconds (Prometheus).
+    pub latency_us: crate::histogram::Histogram<13>,
+    /// Latency to response headers, fine buckets (load reports).
+    pub latency_fine: crate::histogram::Fine,
+}
+
+impl Counters {
+    /// Records a response's latency, in microseconds, everywhere it is
+    /// counted.
+    #[inline]
+    pub fn observe_latency(&self, us: u64) {
+        self.latency_us_sum.fetch_add(us, Ordering::Relaxed);
+        self.latency_us.observe(us);
+        self.latency_fine.observe(us);
+    }
 }
 
 impl Default for Counters {
@@ -42,9 +55,10 @@ impl Default for Counters {
             failed: AtomicU64::new(0),
             connect_failures: AtomicU64::new(0),
             latency_us_sum: AtomicU64::new(0),
-            latency_ms: crate::histogram::Histogram::new(
-                &crate::histogram::LATENCY_BUCKET_BOUNDS_MS,
+            latency_us: crate::histogram::Histogram::new(
+                &crate::histogram::LATENCY_BUCKET_BOUNDS_US,
             ),
+            latency_fine: Default::default(),
         }
     }
 }

@@ -1,14 +1,25 @@
-//! A fixed-bucket histogram of atomics: observing is a few comparisons and
-//! one atomic add, so it can sit on the request path; exported in the
-//! Prometheus text format.
+//! Histograms of atomics: observing is a few comparisons and one atomic
+//! add, so they can sit on the request path. [`Histogram`] has fixed bounds
+//! and is exported by [`crate::metrics`]; [`Fine`] has the
+//! log-linear buckets of the load reports and is drained by each report.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
-/// Request latency bucket bounds in milliseconds (also the bounds of the
-/// load reports' latency histogram).
-pub const LATENCY_BUCKET_BOUNDS_MS: [u64; 13] =
-    [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
+use minimesh_proto::latency;
+
+/// Request latency bucket bounds of the Prometheus histograms, in
+/// microseconds (the unit latencies are measured in, so that the sum of a
+/// sub-millisecond request is not rounded away).
+pub const LATENCY_BUCKET_BOUNDS_US: [u64; 13] = {
+    let mut bounds = latency::PROMETHEUS_BOUNDS_MS;
+    let mut i = 0;
+    while i < bounds.len() {
+        bounds[i] *= 1000;
+        i += 1;
+    }
+    bounds
+};
 /// Pick-duration bucket bounds in nanoseconds.
 pub const PICK_BUCKET_BOUNDS_NS: [u64; 8] = [25, 50, 100, 250, 500, 1000, 5000, 50000];
 
@@ -42,36 +53,103 @@ impl<const N: usize> Histogram<N> {
         };
     }
 
-    /// Non-cumulative counts per bucket, +Inf last.
-    pub fn counts(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .buckets
+    /// Sum, count and non-cumulative `(upper bound, count)` buckets (+Inf
+    /// last), for the metrics encoder, in seconds: `per_second` is how many
+    /// of the bounds' unit make a second (a division, so that 1,000 µs is
+    /// exactly 0.001).
+    pub fn snapshot(&self, per_second: f64) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets: Vec<(f64, u64)> = self
+            .bounds
             .iter()
-            .map(|b| b.load(Ordering::Relaxed))
+            .zip(&self.buckets)
+            .map(|(b, n)| (*b as f64 / per_second, n.load(Ordering::Relaxed)))
             .collect();
-        v.push(self.overflow.load(Ordering::Relaxed));
-        v
+        buckets.push((f64::INFINITY, self.overflow.load(Ordering::Relaxed)));
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum.load(Ordering::Relaxed) as f64 / per_second;
+        (sum, count, buckets)
+    }
+}
+
+/// Latencies in the fine buckets of [`minimesh_proto::latency`], counted
+/// since the last [`Fine::drain`]. The buckets (6 KiB) are allocated at the
+/// first observation, so an endpoint never called costs nothing.
+#[derive(Debug, Default)]
+pub struct Fine {
+    buckets: OnceLock<Box<[AtomicU64]>>,
+}
+
+impl Fine {
+    /// Records a latency in microseconds.
+    #[inline]
+    pub fn observe(&self, us: u64) {
+        let buckets = self
+            .buckets
+            .get_or_init(|| (0..latency::BUCKETS).map(|_| AtomicU64::new(0)).collect());
+        buckets[latency::bucket(us)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Writes `name_bucket`, `name_sum`, `name_count` lines; `scale` turns
-    /// the unit of the bounds into seconds.
-    pub fn encode(&self, out: &mut String, name: &str, labels: &str, scale: f64) {
-        let mut cumulative = 0;
-        for (i, b) in self.bounds.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
-                *b as f64 * scale
-            );
+    /// Takes the counts since the last drain: the first non-empty bucket
+    /// and the counts from it to the last non-empty one (empty: none).
+    pub fn drain(&self) -> (u32, Vec<u64>) {
+        let Some(buckets) = self.buckets.get() else {
+            return (0, Vec::new());
+        };
+        let mut first = None;
+        let mut counts = Vec::new();
+        for (i, b) in buckets.iter().enumerate() {
+            if b.load(Ordering::Relaxed) == 0 {
+                if first.is_some() {
+                    counts.push(0);
+                }
+                continue;
+            }
+            let n = b.swap(0, Ordering::Relaxed);
+            first.get_or_insert(i);
+            counts.push(n);
         }
-        cumulative += self.overflow.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum.load(Ordering::Relaxed) as f64 * scale
+        while counts.last() == Some(&0) {
+            counts.pop();
+        }
+        (first.unwrap_or(0) as u32, counts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_buckets_are_in_seconds_and_keep_sub_millisecond_sums() {
+        let h = Histogram::new(&LATENCY_BUCKET_BOUNDS_US);
+        for us in [300, 1_500, 20_000_000] {
+            h.observe(us);
+        }
+        let (sum, count, buckets) = h.snapshot(1e6);
+        assert_eq!(count, 3);
+        assert!((sum - 20.0018).abs() < 1e-9, "{sum}");
+        assert_eq!(buckets[0], (0.001, 1));
+        assert_eq!(buckets[1], (0.002, 1));
+        assert_eq!(buckets[12], (10.0, 0));
+        assert_eq!(buckets[13], (f64::INFINITY, 1));
+    }
+
+    #[test]
+    fn fine_drains_what_it_saw_once() {
+        let f = Fine::default();
+        assert_eq!(f.drain(), (0, vec![]));
+        for us in [150_000, 150_001, 160_000] {
+            f.observe(us);
+        }
+        let (first, counts) = f.drain();
+        assert_eq!(first as usize, latency::bucket(150_000));
+        assert_eq!(counts.iter().sum::<u64>(), 3);
+        assert_eq!(counts.first(), Some(&2));
+        assert_eq!(counts.last(), Some(&1));
+        assert_eq!(
+            counts.len(),
+            latency::bucket(160_000) - latency::bucket(150_000) + 1
         );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        assert_eq!(f.drain(), (0, vec![]));
     }
 }

@@ -11,6 +11,7 @@ pub mod h1;
 pub mod h2;
 pub mod health;
 pub mod histogram;
+pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod retry;
@@ -103,7 +104,7 @@ pub struct Args {
     #[arg(long, env = "MINIMESH_TRUST_FORWARDED_FOR")]
     pub trust_forwarded_for: bool,
     /// Upstream TCP connect timeout.
-    #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
+    #[arg(long, env = "MINIMESH_CONNECT_TIMEOUT", default_value = "1s", value_parser = minimesh_proto::duration::parse_positive)]
     pub connect_timeout: Duration,
     /// How long a client connection may go without sending a complete
     /// request head before it is closed: an idle keep-alive connection, or
@@ -157,22 +158,10 @@ fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-/// Parses `250ms`, `1s`, `2m`.
+/// Parses a flag's duration: minimesh's one grammar, where zero means
+/// "never" for the flags that say so ([`minimesh_proto::duration`]).
 pub fn duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        return Err(format!("{s:?} needs a unit: ms, s or m"));
-    };
-    match num.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * mult)),
-        _ => Err(format!("{s:?} is not a duration like 250ms or 1s")),
-    }
+    minimesh_proto::duration::parse(s)
 }
 
 /// Runs the sidecar until SIGINT or SIGTERM, then drains.
@@ -217,13 +206,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding admin address {}", args.admin))?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics::ProxyMetrics {
+        routing: routing.clone(),
+        ready: ready.clone(),
+        listeners,
+    }
+    .register(&mut registry);
     tokio::spawn(admin::serve(
         admin_listener,
         Arc::new(admin::Admin {
             routing: routing.clone(),
             ready: ready.clone(),
             node_id: node.id.clone(),
-            listeners,
+            metrics: registry,
         }),
     ));
 

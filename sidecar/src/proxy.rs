@@ -25,6 +25,7 @@ use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
 use crate::h1::{encode, Outgoing};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
+use minimesh_proto::headers;
 use minimesh_proto::v1::RetryOn;
 
 /// Request bodies up to this size are buffered so that a retry can resend
@@ -41,15 +42,23 @@ thread_local! {
     static PICK_COUNT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Header on every response minimesh generates itself, with the reason.
-pub const ERROR_HEADER: &str = "x-minimesh-error";
-/// Header naming the endpoint that served a proxied response.
-pub const ENDPOINT_HEADER: &str = "x-minimesh-endpoint";
-/// Header on a response minimesh generates itself when no endpoint can have
-/// seen the request (every attempt was refused a connection or a stream, or
-/// none was made): the caller may send it again whatever its method. The
-/// caller's sidecar does, when an endpoint's own sidecar answers so.
-pub const UNPROCESSED_HEADER: &str = "x-minimesh-unprocessed";
+/// Removes every mesh header (`x-minimesh-*`) from `headers`, allocating
+/// only when there is one.
+fn strip_mesh_headers(headers: &mut HeaderMap) {
+    let is_mesh = |name: &HeaderName| name.as_str().starts_with(headers::PREFIX);
+    if !headers.keys().any(is_mesh) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| is_mesh(n)).cloned().collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+pub use headers::{
+    ENDPOINT as ENDPOINT_HEADER, ERROR as ERROR_HEADER, OVERFLOW as OVERFLOW_HEADER,
+    UNPROCESSED as UNPROCESSED_HEADER,
+};
 
 /// Body sent upstream.
 pub use crate::pool::UpstreamBody;
@@ -454,6 +463,13 @@ async fn forward(
         // A streamed body can go again only if an HTTP/2 attempt recorded it whole.
         let more = more && body.resendable();
         let sent = match sent {
+            // The app behind the inbound listener speaks for itself only:
+            // a mesh header it sets could make callers back off its
+            // endpoint or retry a request it processed.
+            Ok(Ok(mut resp)) if cluster.local_app => {
+                strip_mesh_headers(resp.headers_mut());
+                Ok(resp)
+            }
             Ok(result) => result,
             Err(_) => {
                 // A replica that hangs is skipped like one that refuses
@@ -569,8 +585,7 @@ async fn forward(
                     crate::balance::peak_ewma::observe(&ep, elapsed as f64, now_ms * 1000);
                 }
                 let c = &ep.counters;
-                c.latency_us_sum.fetch_add(elapsed, Ordering::Relaxed);
-                c.latency_ms.observe(elapsed / 1000);
+                c.observe_latency(elapsed);
                 if resp.status().is_server_error() {
                     c.failed.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -854,9 +869,6 @@ fn admit_retry(cluster: &ClusterHandle) -> Result<Option<InflightGuard>, u32> {
 fn on(cluster: &ClusterHandle, cond: RetryOn) -> bool {
     cluster.retry_on & cond as u32 != 0
 }
-
-/// Header naming the limit that turned a request away.
-pub const OVERFLOW_HEADER: &str = "x-minimesh-overflow";
 
 /// What an attempt came to, for outlier detection.
 #[derive(Clone, Copy, Debug)]

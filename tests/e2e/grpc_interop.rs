@@ -1,6 +1,6 @@
 //! Interop with gRPC's C core (grpcio, installed from PyPI into
 //! target/python-deps when missing):
-//! - against the control plane's own HTTP/2 server: a state-of-the-world
+//! - against the control plane's discovery port (tonic): a state-of-the-world
 //!   stream with ACKs, a response several flow-control windows long, and an
 //!   unknown service (tests/interop/grpcio_client.py);
 //! - through the mesh: grpcio servers behind sidecars, called by a grpcio

@@ -47,7 +47,7 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
         let e = &view["clusters"]["backend.default.svc.cluster.local:80"][&ep];
         assert_eq!(e["reporters"], 2);
         assert_eq!(e["success_ratio"], 1.0);
-        assert!(e["p95_ms"].as_u64().is_some_and(|p| p <= 250), "{e}");
+        assert!(e["p95_ms"].as_f64().is_some_and(|p| p <= 250.0), "{e}");
     }
     assert!((total as f64 - 1500.0).abs() <= 75.0, "total {total}");
     // Listed from the config, with nothing counted and no reporter: a

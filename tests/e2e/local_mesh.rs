@@ -146,25 +146,55 @@ async fn seed_walkthrough_up_curl_apply_get() {
         assert_eq!(status, 200);
     }
 
-    // `minimesh top` shows every simple-backend replica as the sidecars report them.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
-    let out = Command::new(bin("minimesh"))
-        .args(["--home", &home, "top", "--once"])
-        .output()
-        .expect("top");
-    let text = String::from_utf8_lossy(&out.stdout);
+    // `minimesh top` shows every simple-backend replica as the sidecars
+    // report them, each at the latency a load generator measures: the
+    // backends take 150 ms (±10%), simple-web and the sidecars next to
+    // nothing, so the generator's p50 through the ingress is the backends'.
+    let c = load(ingress, "simple-web.istioinaction.io", 20, 400).await;
+    assert_no_failures(&c, "through the ingress: ");
+    let measured = c.quantile(0.5).as_secs_f64() * 1000.0;
+    let mut text = String::new();
+    let mut p50s = Vec::new();
+    for _ in 0..100 {
+        let out = Command::new(bin("minimesh"))
+            .args(["--home", &home, "top", "--once"])
+            .output()
+            .expect("top");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.starts_with("CLUSTER"), "{text}");
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("simple-backend.istioinaction.svc.cluster.local:80"))
+            .collect();
+        assert_eq!(rows.len(), 3, "{text}");
+        assert!(rows.iter().all(|r| r.contains("100.00%")), "{text}");
+        // CLUSTER ENDPOINT SHARE RPS SUCCESS P50 ...: P50 is the sixth.
+        p50s = rows
+            .iter()
+            .filter_map(|r| {
+                r.split_whitespace()
+                    .nth(5)?
+                    .strip_suffix("ms")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .collect();
+        let within = |p: &f64| (p - measured).abs() / measured <= 0.05;
+        if p50s.len() == 3 && p50s.iter().all(within) {
+            eprintln!("generator p50 {measured:.1} ms; top's p50s {p50s:?}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        p50s.len() == 3 && p50s.iter().all(|p| (p - measured).abs() / measured <= 0.05),
+        "top's p50s {p50s:?} are not within 5% of the generator's {measured:.1} ms:\n{text}"
     );
-    assert!(text.starts_with("CLUSTER"), "{text}");
-    let rows: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("simple-backend.istioinaction.svc.cluster.local:80"))
-        .collect();
-    assert_eq!(rows.len(), 3, "{text}");
-    assert!(rows.iter().all(|r| r.contains("100.00%")), "{text}");
 
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");

@@ -234,7 +234,9 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert_eq!(
         err.message(),
-        format!("a message of {len} bytes; the limit is 4194304")
+        format!(
+            "Error, decoded message length too large: found {len} bytes, the limit is: 4194304 bytes"
+        )
     );
     connected_becomes(&net, 0).await;
 }

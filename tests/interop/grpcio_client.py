@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interop check: gRPC's C core (the grpcio package, its own HTTP/2 and HPACK)
-against minimesh's control plane, whose discovery port runs minimesh's own
-HTTP/2 server. Run by tests/e2e/grpc_interop.rs, which starts the control
+against minimesh's control plane, whose discovery port is served by tonic
+(Rust's h2). Run by tests/e2e/grpc_interop.rs, which starts the control
 plane and compares what this prints.
 
 Usage: grpcio_client.py XDS_ADDR ADMIN_ADDR

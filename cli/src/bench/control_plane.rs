@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use minimesh_control_plane::load::LATENCY_BUCKET_BOUNDS_MS;
+use minimesh_proto::latency::Span;
 use minimesh_proto::prost::Message as _;
 use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
@@ -221,12 +221,12 @@ fn cluster_report(
                 * (0.9 + 0.2 * uniform());
             // Rounded at random, so that small shares still add up.
             let issued = (rps * secs * share + uniform()).floor() as u64;
-            let mut histogram = vec![0; LATENCY_BUCKET_BOUNDS_MS.len() + 1];
-            let bucket = LATENCY_BUCKET_BOUNDS_MS
-                .iter()
-                .position(|b| latency_ms <= *b as f64)
-                .unwrap_or(LATENCY_BUCKET_BOUNDS_MS.len());
-            histogram[bucket] = issued;
+            // Each request's latency within ±5% of the endpoint's, as the
+            // fine buckets of a real sidecar's report spread them.
+            let mut latencies = Span::default();
+            for _ in 0..issued {
+                latencies.observe((latency_ms * (950.0 + 100.0 * uniform())) as u64);
+            }
             let in_progress = (rps * share * latency_ms / 1000.0).round() as u64;
             // As a real sidecar: an endpoint with nothing to count is left out.
             if issued == 0 && in_progress == 0 {
@@ -241,8 +241,9 @@ fn cluster_report(
                 requests_in_progress: in_progress,
                 latency_sum_ms: issued as f64 * latency_ms,
                 latency_count: issued,
-                latency_histogram: histogram,
                 sequence: *sequence,
+                latency_first_bucket: latencies.first as u32,
+                latency_buckets: latencies.counts,
             })
         })
         .collect::<Vec<_>>();

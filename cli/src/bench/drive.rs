@@ -174,14 +174,14 @@ impl Client {
         if !(200..300).contains(&status) {
             let why = resp
                 .headers()
-                .get("x-minimesh-error")
+                .get(minimesh_proto::headers::ERROR)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
             note(&mut self.reasons, format!("{status} {why}"));
         }
         let endpoint = resp
             .headers()
-            .get("x-minimesh-endpoint")
+            .get(minimesh_proto::headers::ENDPOINT)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         let body = resp.into_body().collect().await?.to_bytes();

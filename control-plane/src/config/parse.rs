@@ -60,7 +60,7 @@ impl fmt::Display for ObjectKey {
 }
 
 /// A valid DestinationRule with its resolved settings.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ValidRule {
     /// The rule as written.
     pub rule: DestinationRule,

@@ -580,40 +580,8 @@ pub struct EndpointWeight {
     pub weight: u32,
 }
 
-/// The policy a valid rule resolves to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[allow(clippy::upper_case_acronyms)]
-pub enum Policy {
-    /// Weighted round robin.
-    RoundRobin,
-    /// Weighted random.
-    Random,
-    /// Power of two choices on active requests.
-    LeastRequest,
-    /// Ring hash.
-    RingHash,
-    /// Maglev.
-    Maglev,
-    /// Peak EWMA.
-    PeakEwma,
-    /// Load aware.
-    LoadAware,
-}
-
-impl Policy {
-    /// The name users write.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::RoundRobin => "ROUND_ROBIN",
-            Policy::Random => "RANDOM",
-            Policy::LeastRequest => "LEAST_REQUEST",
-            Policy::RingHash => "RING_HASH",
-            Policy::Maglev => "MAGLEV",
-            Policy::PeakEwma => "PEAK_EWMA",
-            Policy::LoadAware => "LOAD_AWARE",
-        }
-    }
-}
+/// The policy a valid rule resolves to (one type with the sidecar's).
+pub use minimesh_proto::Policy;
 
 /// A field-level validation failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -634,7 +602,7 @@ impl FieldError {
 }
 
 /// Settings the sidecar needs, resolved from a valid rule.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Resolved {
     /// The policy.
     pub policy: Policy,
@@ -1360,64 +1328,16 @@ fn is_prime(n: u64) -> bool {
     true
 }
 
-/// Retry conditions when a rule names none: Istio's mesh default, plus
-/// `reset` so that a replica killed with idempotent requests in flight costs
-/// no user-visible error.
-pub const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,reset";
+/// Retry conditions when a rule names none ([`minimesh_proto::retry_on`]).
+pub use minimesh_proto::retry_on::DEFAULT as DEFAULT_RETRY_ON;
 
-/// `retryOn` tokens and their bits (the wire `RetryOn` enum).
-pub const RETRY_ON_TOKENS: [(&str, u32); 7] = [
-    ("connect-failure", 1),
-    ("refused-stream", 2),
-    ("unavailable", 4),
-    ("cancelled", 8),
-    ("5xx", 16),
-    ("gateway-error", 32),
-    ("reset", 64),
-];
+/// Parses Istio's comma-separated `retryOn` ([`minimesh_proto::retry_on`]).
+pub use minimesh_proto::retry_on::parse as parse_retry_on;
 
-/// Parses Istio's comma-separated `retryOn`.
-pub fn parse_retry_on(s: &str) -> Result<u32, String> {
-    let mut bits = 0;
-    for token in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        let Some((_, b)) = RETRY_ON_TOKENS.iter().find(|(name, _)| *name == token) else {
-            let known: Vec<&str> = RETRY_ON_TOKENS.iter().map(|(n, _)| *n).collect();
-            return Err(format!(
-                "unknown token {token:?} (known: {})",
-                known.join(", ")
-            ));
-        };
-        bits |= b;
-    }
-    Ok(bits)
-}
-
-/// Parses a protobuf-style duration as Istio writes them: `100ms`, `1.5s`,
-/// `2m`, `1h`.
+/// Parses a rule's duration: minimesh's one grammar, more than zero
+/// ([`minimesh_proto::duration`]).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => return Err(format!("{s:?} needs a unit (ms, s, m or h)")),
-    };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 100ms, 5s, 1m"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "{s:?} has unknown unit {unit:?} (use ms, s, m or h)"
-            ))
-        }
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 30.0 * 24.0 * 3600.0 {
-        return Err(format!("{s:?} must be positive and at most 30 days"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    minimesh_proto::duration::parse_positive(s)
 }
 
 #[cfg(test)]
@@ -1432,15 +1352,6 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("10d").is_err());
-    }
-
-    #[test]
-    fn retry_on_tokens() {
-        assert_eq!(parse_retry_on("5xx, reset"), Ok(16 | 64));
-        assert_eq!(
-            parse_retry_on("5xx,connect-faillure"),
-            Err("unknown token \"connect-faillure\" (known: connect-failure, refused-stream, unavailable, cancelled, 5xx, gateway-error, reset)".to_string())
-        );
     }
 
     #[test]

@@ -10,19 +10,20 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use futures_util::Stream;
+use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     ErrorDetail, Node, Resource,
 };
 use minimesh_proto::{ALL_TYPES, ENDPOINTS_TYPE, PARTIAL_ENDPOINTS};
 use tokio::sync::watch;
-use tonic::Status;
+use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::registry::{now_ms, Nack, Registry, StreamHandle, TypeMap};
 use super::session::{drive, BoxStream, Session};
 use crate::cache::{fnv, Snapshot, TypeSnapshot};
-use crate::grpc::Inbound;
 use crate::metrics::Metrics;
 
 /// The discovery service.
@@ -48,21 +49,49 @@ impl Discovery {
     }
 }
 
-impl Discovery {
-    /// A state-of-the-world stream (`StreamAggregatedResources`).
-    pub(crate) fn sotw(&self, inbound: Inbound<DiscoveryRequest>) -> BoxStream<DiscoveryResponse> {
-        self.open::<Sotw>(inbound)
-    }
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Discovery {
+    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
 
-    /// A delta stream (`DeltaAggregatedResources`).
-    pub(crate) fn delta(
+    async fn stream_aggregated_resources(
         &self,
-        inbound: Inbound<DeltaDiscoveryRequest>,
-    ) -> BoxStream<DeltaDiscoveryResponse> {
-        self.open::<Delta>(inbound)
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.sotw(request.into_inner())))
     }
 
-    fn open<P: Protocol>(&self, inbound: Inbound<P::Request>) -> BoxStream<P::Response> {
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.delta(request.into_inner())))
+    }
+}
+
+impl Discovery {
+    /// A state-of-the-world stream answering the requests of `inbound`.
+    pub(crate) fn sotw<I>(&self, inbound: I) -> BoxStream<DiscoveryResponse>
+    where
+        I: Stream<Item = Result<DiscoveryRequest, Status>> + Send + Unpin + 'static,
+    {
+        self.open::<Sotw, _>(inbound)
+    }
+
+    /// A delta stream answering the requests of `inbound`.
+    pub(crate) fn delta<I>(&self, inbound: I) -> BoxStream<DeltaDiscoveryResponse>
+    where
+        I: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + Unpin + 'static,
+    {
+        self.open::<Delta, _>(inbound)
+    }
+
+    /// A stream of protocol `P` reading the client's requests from `inbound`.
+    fn open<P, I>(&self, inbound: I) -> BoxStream<P::Response>
+    where
+        P: Protocol,
+        I: Stream<Item = Result<P::Request, Status>> + Send + Unpin + 'static,
+    {
         self.metrics.connected.inc();
         let stream = XdsStream::<P> {
             ledger: Ledger {
@@ -83,7 +112,7 @@ impl Discovery {
 trait Protocol: Send + Unpin + Sized + 'static {
     /// As the registry and `/debug/proxies` name it.
     const NAME: &'static str;
-    type Request: prost::Message + Default + Send + 'static;
+    type Request: Send + 'static;
     type Response: Send + Unpin + 'static;
     /// What the stream knows of one resource type.
     type State: Default + Send + Unpin + 'static;

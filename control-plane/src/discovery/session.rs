@@ -3,6 +3,10 @@
 //! holds one per connected sidecar per service, so what each one costs is
 //! multiplied by thousands. Responses are produced only as the transport asks
 //! for them, so a client that stops reading stops being read (backpressure).
+//!
+//! The driver knows nothing of the transport: it reads any stream of
+//! decoded requests (tonic's `Streaming` on the discovery port, a channel in
+//! unit tests) and yields decoded responses.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -14,15 +18,13 @@ use tokio_stream::wrappers::WatchStream;
 use tonic::Status;
 use tracing::debug;
 
-use crate::grpc::Inbound;
-
 /// A gRPC response stream.
 pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// What one stream does with the client's requests and with changes of the
 /// value it watches (the config snapshot, the load-report interval).
 pub(crate) trait Session: Send + Unpin + 'static {
-    type Request: prost::Message + Default + Send + 'static;
+    type Request: Send + 'static;
     type Response: Send + Unpin + 'static;
     type Watched: Clone + Send + Sync + 'static;
 
@@ -42,12 +44,17 @@ pub(crate) trait Session: Send + Unpin + 'static {
     fn on_end(&mut self) {}
 }
 
-/// Runs `session` on `inbound`, watching `watched`.
-pub(crate) fn drive<S: Session>(
+/// Runs `session` on `inbound` (the client's requests, decoded), watching
+/// `watched`.
+pub(crate) fn drive<S, I>(
     session: S,
-    inbound: Inbound<S::Request>,
+    inbound: I,
     watched: watch::Receiver<S::Watched>,
-) -> BoxStream<S::Response> {
+) -> BoxStream<S::Response>
+where
+    S: Session,
+    I: Stream<Item = Result<S::Request, Status>> + Send + Unpin + 'static,
+{
     Box::pin(Driver {
         session,
         inbound,
@@ -59,9 +66,9 @@ pub(crate) fn drive<S: Session>(
     })
 }
 
-struct Driver<S: Session> {
+struct Driver<S: Session, I> {
     session: S,
-    inbound: Inbound<S::Request>,
+    inbound: I,
     /// For the value as of a request.
     current: watch::Receiver<S::Watched>,
     changes: WatchStream<S::Watched>,
@@ -73,7 +80,11 @@ struct Driver<S: Session> {
     done: bool,
 }
 
-impl<S: Session> Stream for Driver<S> {
+impl<S, I> Stream for Driver<S, I>
+where
+    S: Session,
+    I: Stream<Item = Result<S::Request, Status>> + Unpin,
+{
     type Item = Result<S::Response, Status>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -105,7 +116,7 @@ impl<S: Session> Stream for Driver<S> {
                     // compressed, undecodable): the client is told why. A
                     // reset stream hears nothing more anyway.
                     debug!(error = %e, "stream ended");
-                    this.error = Some(e);
+                    this.error = Some(unreadable(e));
                     this.end();
                     continue;
                 }
@@ -124,7 +135,18 @@ impl<S: Session> Stream for Driver<S> {
     }
 }
 
-impl<S: Session> Driver<S> {
+/// The status a stream ends with when a request could not be read: a
+/// message over the size limit is RESOURCE_EXHAUSTED, as gRPC's status-code
+/// guide has it (tonic's decoder says OUT_OF_RANGE); the rest as they are.
+fn unreadable(e: Status) -> Status {
+    if e.code() == tonic::Code::OutOfRange {
+        Status::resource_exhausted(e.message().to_string())
+    } else {
+        e
+    }
+}
+
+impl<S: Session, I> Driver<S, I> {
     fn end(&mut self) {
         if !self.done {
             self.done = true;
@@ -133,7 +155,7 @@ impl<S: Session> Driver<S> {
     }
 }
 
-impl<S: Session> Drop for Driver<S> {
+impl<S: Session, I> Drop for Driver<S, I> {
     fn drop(&mut self) {
         self.end();
     }

@@ -41,7 +41,6 @@ struct Last {
     succeeded: u64,
     failed: u64,
     latency_us: u64,
-    hist: Vec<u64>,
 }
 
 impl LoadReporter {
@@ -122,7 +121,6 @@ fn collect(
                 succeeded: k.succeeded.load(Ordering::Relaxed),
                 failed: k.failed.load(Ordering::Relaxed),
                 latency_us: k.latency_us_sum.load(Ordering::Relaxed),
-                hist: k.latency_ms.counts(),
             };
             let prev = last
                 .insert((name.clone(), e.addr.to_string()), now.clone())
@@ -140,6 +138,7 @@ fn collect(
                 continue;
             }
             *sequence += 1;
+            let (latency_first_bucket, latency_buckets) = k.latency_fine.drain();
             eps.push(EndpointStats {
                 address: e.addr.to_string(),
                 requests_issued: now.issued.saturating_sub(prev.issued),
@@ -149,13 +148,9 @@ fn collect(
                 latency_sum_ms: now.latency_us.saturating_sub(prev.latency_us) as f64 / 1000.0,
                 latency_count: now.succeeded.saturating_sub(prev.succeeded)
                     + now.failed.saturating_sub(prev.failed),
-                latency_histogram: now
-                    .hist
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| n.saturating_sub(prev.hist.get(i).copied().unwrap_or(0)))
-                    .collect(),
                 sequence: *sequence,
+                latency_first_bucket,
+                latency_buckets,
             });
         }
         if eps.is_empty() {
