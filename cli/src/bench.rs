@@ -66,6 +66,12 @@ pub struct BenchArgs {
     /// turns; the medians are reported (1 to 20).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
     pub rounds: u64,
+    /// For `overhead`: another build's sidecar binary, run beside this
+    /// build's as a path of its own ("baseline sidecar (-> app)") in the same
+    /// rounds, and compared with it round by round: an A/B of two builds on
+    /// one machine at one time.
+    #[arg(long)]
+    pub baseline_sidecar: Option<std::path::PathBuf>,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,

@@ -11,7 +11,9 @@ pub mod h1;
 pub mod h2;
 pub mod health;
 pub mod histogram;
+pub mod listener;
 pub mod metrics;
+pub mod outlier;
 pub mod pool;
 pub mod proxy;
 pub mod retry;
@@ -197,8 +199,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         "outbound"
     };
-    let out_loops = proxy::Loops::new(loops);
-    let in_loops = proxy::Loops::new(loops);
+    let out_loops = listener::Loops::new(loops);
+    let in_loops = listener::Loops::new(loops);
     let mut listeners = vec![(name, out_loops.clone())];
     if args.inbound.is_some() && args.app.is_some() {
         listeners.push(("inbound", in_loops.clone()));
@@ -408,11 +410,11 @@ fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net:
 /// nginx's workers: no work stealing, no cross-thread wake-ups per request).
 /// Endpoint state and config are shared; each loop accepts its own
 /// connections and hands one to another loop that serves fewer (see
-/// [`proxy::Loops`]).
+/// [`listener::Loops`]).
 fn serve_on_loops(
     name: &'static str,
     sockets: Vec<tokio::net::TcpSocket>,
-    loops: Arc<proxy::Loops>,
+    loops: Arc<listener::Loops>,
     proxy: Arc<Proxy>,
     stop: &watch::Receiver<bool>,
     drain: std::time::Duration,
@@ -423,7 +425,7 @@ fn serve_on_loops(
         let (proxy, stop, loops) = (proxy.clone(), stop.clone(), loops.clone());
         if i == 0 {
             let listener = socket.listen(BACKLOG)?;
-            servers.push(tokio::spawn(proxy::serve(
+            servers.push(tokio::spawn(listener::serve(
                 name, listener, proxy, stop, drain, loops, i,
             )));
             continue;
@@ -441,7 +443,7 @@ fn serve_on_loops(
                 };
                 rt.block_on(async move {
                     match socket.listen(BACKLOG) {
-                        Ok(listener) => proxy::serve(name, listener, proxy, stop, drain, loops, i).await,
+                        Ok(listener) => listener::serve(name, listener, proxy, stop, drain, loops, i).await,
                         Err(e) => tracing::warn!(listener = name, error = %e, "cannot listen"),
                     }
                 });

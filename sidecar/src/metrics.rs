@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 
 use crate::endpoint::EndpointState;
 use crate::histogram::Histogram;
-use crate::proxy::Loops;
+use crate::listener::Loops;
 use crate::routing::Routing;
 
 /// What the sidecar's series are read from.

@@ -6,7 +6,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use http::{HeaderMap, HeaderValue};
+use minimesh_proto::v1::RetryOn;
+
 use crate::clock;
+use crate::routing::ClusterHandle;
 
 /// Per-cluster retry budget.
 #[derive(Debug)]
@@ -92,5 +96,23 @@ impl Budget {
             self.exhausted.fetch_add(1, Ordering::Relaxed);
             false
         }
+    }
+}
+/// Whether the cluster retries on `cond`.
+#[inline]
+pub(crate) fn on(cluster: &ClusterHandle, cond: RetryOn) -> bool {
+    cluster.retry_on & cond as u32 != 0
+}
+
+/// The gRPC status header (or trailer).
+pub(crate) const GRPC_STATUS: &str = "grpc-status";
+
+/// True when a gRPC response's headers end the call with a status the
+/// cluster retries: 14 UNAVAILABLE (`unavailable`), 1 CANCELLED (`cancelled`).
+pub(crate) fn grpc_retriable(cluster: &ClusterHandle, headers: &HeaderMap) -> bool {
+    match headers.get(GRPC_STATUS).map(HeaderValue::as_bytes) {
+        Some(b"14") => on(cluster, RetryOn::Unavailable),
+        Some(b"1") => on(cluster, RetryOn::Cancelled),
+        _ => false,
     }
 }

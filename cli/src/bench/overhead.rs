@@ -473,7 +473,11 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         },
     )
     .await?;
-    let result = paths(&mesh, out, rate, duration, no_peers, &generator, rounds).await;
+    let baseline = args.baseline_sidecar.as_deref();
+    let result = paths(
+        &mesh, out, rate, duration, no_peers, &generator, rounds, baseline,
+    )
+    .await;
     mesh.stop().await;
     let results = result?;
     let mut s = String::new();
@@ -577,6 +581,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn paths(
     mesh: &Mesh,
     out: &Path,
@@ -585,6 +590,7 @@ async fn paths(
     no_peers: bool,
     generator: &Generator,
     rounds: usize,
+    baseline: Option<&Path>,
 ) -> anyhow::Result<Vec<PathResult>> {
     let pod = mesh
         .state
@@ -643,6 +649,55 @@ async fn paths(
                 .collect::<Vec<_>>(),
         ),
     ];
+    // Another build's sidecar, beside the client pod's: the same flags, its
+    // own address, the same control plane.
+    let mut baseline_proc = None;
+    if let Some(binary) = baseline {
+        let o = client.ip.octets();
+        let ip = Ipv4Addr::new(o[0], o[1], o[2], 249);
+        let listen = SocketAddr::from((ip, crate::mesh::OUTBOUND_PORT));
+        let log = std::fs::File::create(out.join("baseline-sidecar.log"))?;
+        let child = tokio::process::Command::new(binary)
+            .args([
+                "--xds-addr",
+                &format!("http://{}", mesh.state.control_plane_xds),
+            ])
+            .args([
+                "--workload",
+                "baseline",
+                "--namespace",
+                &mesh.state.namespace,
+            ])
+            .args(["--outbound", &listen.to_string()])
+            .args(["--admin", &SocketAddr::from((ip, 15000)).to_string()])
+            .args(["--worker-threads", &PEER_WORKERS.to_string()])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting the baseline sidecar {}", binary.display()))?;
+        let admin = SocketAddr::from((ip, 15000));
+        let started = tokio::time::Instant::now();
+        while !matches!(
+            crate::http::get(&admin.to_string(), "/ready").await,
+            Ok((200, _))
+        ) {
+            if started.elapsed() > Duration::from_secs(10) {
+                anyhow::bail!(
+                    "the baseline sidecar {} was not ready within 10 s (see {})",
+                    binary.display(),
+                    out.join("baseline-sidecar.log").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        specs.push((
+            "baseline sidecar (-> app)".to_string(),
+            target(listen, "echo-direct"),
+            child.id().into_iter().collect(),
+        ));
+        baseline_proc = Some(child);
+    }
     // The peers run side by side (one port each) for the whole measurement,
     // so that the rounds can alternate between every path.
     let mut running = Vec::new();
@@ -701,6 +756,9 @@ async fn paths(
     let measured = rounds_of(&specs, rounds, rate, duration, generator).await;
     for p in running {
         p.stop().await;
+    }
+    if let Some(mut child) = baseline_proc {
+        let _ = child.kill().await;
     }
     let mut results = measured?;
     let (b50, b99) = (results[0].p50_ms, results[0].p99_ms);

@@ -1,0 +1,213 @@
+//! The proxy listeners (outbound, inbound, gateway): each event loop
+//! accepts on its own SO_REUSEPORT socket, evens connections out with the
+//! other loops, serves HTTP/1.1 and HTTP/2 with hyper, and drains at
+//! shutdown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::proxy::Proxy;
+
+/// The event loops that share a listener address, and how many connections
+/// each serves. The kernel spreads new connections over their SO_REUSEPORT
+/// sockets by a hash of the addresses, blind to load: 64 keep-alive
+/// connections over two loops typically land 36 to 28, and the busier loop
+/// caps the whole proxy. So a loop that accepts a connection while another
+/// serves fewer hands it over (least connections), as nginx's workers even
+/// out by accepting while idle.
+pub struct Loops {
+    open: Vec<AtomicUsize>,
+    handoff: Vec<std::sync::Mutex<Option<mpsc::UnboundedSender<Handoff>>>>,
+}
+
+type Handoff = (std::net::TcpStream, SocketAddr);
+
+impl Loops {
+    /// `n` loops (at least one).
+    pub fn new(n: usize) -> Arc<Loops> {
+        Arc::new(Loops {
+            open: (0..n.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            handoff: (0..n.max(1)).map(|_| std::sync::Mutex::new(None)).collect(),
+        })
+    }
+
+    /// How many loops.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Never: there is at least one loop.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// Connections loop `i` serves now.
+    pub fn open(&self, i: usize) -> usize {
+        self.open.get(i).map_or(0, |o| o.load(Ordering::Relaxed))
+    }
+
+    /// The loop with the fewest connections, `me` on a tie.
+    fn least(&self, me: usize) -> usize {
+        let mut best = me;
+        for (i, o) in self.open.iter().enumerate() {
+            if o.load(Ordering::Relaxed) < self.open[best].load(Ordering::Relaxed) {
+                best = i;
+            }
+        }
+        best
+    }
+
+    fn sender(&self, i: usize) -> Option<mpsc::UnboundedSender<Handoff>> {
+        self.handoff[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Counts a connection against its loop until the connection ends.
+struct Open(Arc<Loops>, usize);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open[self.1].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one client connection on this loop, counted against it until it
+/// ends, and drained with the others at shutdown.
+fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    proxy: &Arc<Proxy>,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+    loops: &Arc<Loops>,
+    me: usize,
+) {
+    loops.open[me].fetch_add(1, Ordering::Relaxed);
+    let open = Open(loops.clone(), me);
+    let _ = stream.set_nodelay(true);
+    let idle = proxy.client_idle_timeout;
+    let proxy = proxy.clone();
+    let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // hyper's header read timeout runs from when a connection starts waiting
+    // for a request head: it closes idle keep-alive connections and clients
+    // that send headers too slowly alike.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(idle);
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), svc)
+        .into_owned();
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        let _open = open;
+        if let Err(e) = conn.await {
+            debug!(%peer, error = %e, "connection ended");
+        }
+    });
+}
+
+/// Hands a connection loop `me` accepted to the loop serving the fewest,
+/// counted against that loop until it takes it; or gives it back to serve
+/// here (this loop is the least loaded, or the other one has stopped). None
+/// if the connection was handed over, or lost in the move.
+fn hand_over(
+    loops: &Loops,
+    me: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<(TcpStream, SocketAddr)> {
+    let to = loops.least(me);
+    let Some(tx) = (to != me).then(|| loops.sender(to)).flatten() else {
+        return Some((stream, peer));
+    };
+    let std = stream.into_std().ok()?;
+    loops.open[to].fetch_add(1, Ordering::Relaxed);
+    match tx.send((std, peer)) {
+        Ok(()) => None,
+        Err(mpsc::error::SendError((std, _))) => {
+            loops.open[to].fetch_sub(1, Ordering::Relaxed);
+            TcpStream::from_std(std).ok().map(|s| (s, peer))
+        }
+    }
+}
+
+/// Accepts connections on `listener` (HTTP/1.1 and HTTP/2 cleartext), as
+/// loop `me` of `loops`, until `shutdown` turns true, then lets requests in
+/// flight finish (up to `drain`).
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+    loops: Arc<Loops>,
+    me: usize,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let local_addr: Option<SocketAddr> = listener.local_addr().ok();
+    let (tx, mut handed) = mpsc::unbounded_channel::<Handoff>();
+    *loops.handoff[me].lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    info!(listener = name, addr = ?local_addr, "listening");
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match hand_over(&loops, me, stream, peer) {
+                    Some(mine) => mine,
+                    None => continue,
+                },
+                Err(e) => {
+                    warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            Some((std, peer)) = handed.recv() => {
+                // Counted by the loop that handed it over until now.
+                loops.open[me].fetch_sub(1, Ordering::Relaxed);
+                match TcpStream::from_std(std) {
+                    Ok(s) => (s, peer),
+                    Err(e) => {
+                        warn!(listener = name, error = %e, "cannot take a handed-over connection");
+                        continue;
+                    }
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        serve_connection(stream, peer, &proxy, &graceful, &loops, me);
+    }
+    loops.handoff[me]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    drop(listener);
+    // Connections handed over but not yet taken are served, and drained
+    // with the rest.
+    handed.close();
+    while let Ok((std, peer)) = handed.try_recv() {
+        loops.open[me].fetch_sub(1, Ordering::Relaxed);
+        if let Ok(stream) = TcpStream::from_std(std) {
+            serve_connection(stream, peer, &proxy, &graceful, &loops, me);
+        }
+    }
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            listener = name,
+            "requests still in flight after the drain time; closing"
+        );
+    }
+}
