@@ -24,7 +24,6 @@ use crate::endpoint::{ActiveGuard, EndpointState};
 use crate::h1::{encode, Outgoing};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::headers;
-use minimesh_proto::v1::RetryOn;
 
 mod admission;
 mod attempt;
@@ -38,7 +37,7 @@ use respond::*;
 pub use respond::{local, Tracked};
 
 use crate::outlier::{record as outlier_outcome, Outcome};
-use crate::retry::{grpc_retriable, on, GRPC_STATUS};
+use crate::retry::{self, Attempted, GRPC_STATUS};
 pub use attempt::Upstream;
 
 /// Request bodies up to this size are buffered so that a retry can resend
@@ -339,12 +338,7 @@ async fn forward(
                 outlier_outcome(cluster, &ep, Outcome::TimedOut);
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
                 last_error = format!("{} did not answer within the per-try timeout", ep.addr);
-                if more
-                    && idempotent
-                    && (on(cluster, RetryOn::Reset)
-                        || on(cluster, RetryOn::GatewayError)
-                        || on(cluster, RetryOn::ServerError))
-                {
+                if more && retry::decide(Attempted::TimedOut, idempotent, cluster.retry_on) {
                     last = Some(ep);
                     drop(guard);
                     continue;
@@ -357,12 +351,14 @@ async fn forward(
                 if more
                     && matches!(resp.status().as_u16(), 502 | 503)
                     && resp.headers().contains_key(ERROR_HEADER)
-                    && ((on(cluster, RetryOn::ConnectFailure)
-                        && resp.status() == StatusCode::SERVICE_UNAVAILABLE
-                        && (idempotent || resp.headers().contains_key(UNPROCESSED_HEADER)))
-                        || (on(cluster, RetryOn::Reset)
-                            && idempotent
-                            && resp.status() == StatusCode::BAD_GATEWAY)) =>
+                    && retry::decide(
+                        Attempted::AppGone {
+                            status: resp.status().as_u16(),
+                            unprocessed: resp.headers().contains_key(UNPROCESSED_HEADER),
+                        },
+                        idempotent,
+                        cluster.retry_on,
+                    ) =>
             {
                 // The endpoint's own sidecar could not reach its app (503: a
                 // dead or restarting replica; with UNPROCESSED_HEADER the app
@@ -389,7 +385,13 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Ok(resp) if more && h2 && grpc_retriable(cluster, resp.headers()) => {
+            Ok(resp)
+                if more
+                    && h2
+                    && retry::grpc_status(resp.headers()).is_some_and(|g| {
+                        retry::decide(Attempted::GrpcStatus(g), idempotent, cluster.retry_on)
+                    }) =>
+            {
                 // A gRPC call answered UNAVAILABLE or CANCELLED at once (no
                 // message went back): Istio's `unavailable` and `cancelled`.
                 delivered = true;
@@ -407,9 +409,11 @@ async fn forward(
             }
             Ok(resp)
                 if more
-                    && ((on(cluster, RetryOn::ServerError) && resp.status().is_server_error())
-                        || (on(cluster, RetryOn::GatewayError)
-                            && matches!(resp.status().as_u16(), 502..=504))) =>
+                    && retry::decide(
+                        Attempted::Status(resp.status().as_u16()),
+                        idempotent,
+                        cluster.retry_on,
+                    ) =>
             {
                 delivered = true;
                 ep.counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -474,11 +478,17 @@ async fn forward(
                 drop(guard);
                 // Over HTTP/2 the body is taken only once a connection is
                 // made: a refused one leaves a streamed body to send elsewhere.
-                if !body.resendable() || !on(cluster, RetryOn::ConnectFailure) {
+                if !body.resendable()
+                    || !retry::decide(Attempted::ConnectFailed, idempotent, cluster.retry_on)
+                {
                     break;
                 }
             }
-            Err(e) if more && e.is_refused_stream() && on(cluster, RetryOn::RefusedStream) => {
+            Err(e)
+                if more
+                    && e.is_refused_stream()
+                    && retry::decide(Attempted::RefusedStream, idempotent, cluster.retry_on) =>
+            {
                 // The endpoint refused the HTTP/2 stream: it processed
                 // nothing, so any request may go elsewhere.
                 outlier_outcome(cluster, &ep, Outcome::Failed);
@@ -487,7 +497,7 @@ async fn forward(
                 last = Some(ep);
                 drop(guard);
             }
-            Err(e) if more && idempotent && on(cluster, RetryOn::Reset) => {
+            Err(e) if more && retry::decide(Attempted::Reset, idempotent, cluster.retry_on) => {
                 // Reset or closed before a response (a replica killed with
                 // the request in flight): safe to resend an idempotent request.
                 delivered = true;
