@@ -12,9 +12,8 @@ pub mod round_robin;
 pub mod weighted;
 pub mod xxhash;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::endpoint::EndpointState;
 
@@ -33,49 +32,42 @@ enum Picker {
 /// What a hash table is built from: table size, endpoint keys, weights.
 type TableKey = (u64, Vec<String>, Vec<u32>);
 
-/// The hash tables of the live config, by what they were built from. Every
-/// config update rebuilds every cluster's balancer, but a ring or Maglev
-/// table (65,537 entries by default) whose size, endpoints and weights did
-/// not change is shared (a clone shares the table) instead of built again:
-/// with partial endpoint pushes, a change to one service leaves the others'
-/// tables as they were. A table no balancer holds any more is dropped when
-/// the next new one is built.
-static RINGS: Mutex<BTreeMap<TableKey, ring_hash::RingHash>> = Mutex::new(BTreeMap::new());
-static MAGLEVS: Mutex<BTreeMap<TableKey, maglev::Maglev>> = Mutex::new(BTreeMap::new());
-
-/// A table [`shared`] can hand out again.
-trait Table: Clone {
-    /// Balancers and caches holding it.
-    fn holders(&self) -> usize;
-}
-
-impl Table for ring_hash::RingHash {
-    fn holders(&self) -> usize {
-        ring_hash::RingHash::holders(self)
-    }
-}
-
-impl Table for maglev::Maglev {
-    fn holders(&self) -> usize {
-        maglev::Maglev::holders(self)
-    }
-}
-
-/// The table built from `key`, or a new one from `build` (off the request
-/// path: balancers are built on config updates).
-fn shared<T: Table>(
-    tables: &Mutex<BTreeMap<TableKey, T>>,
+/// A ring or Maglev table a balancer holds, with what it was built from.
+/// A config update rebuilds a changed cluster's balancer; a table (65,537
+/// entries by default) whose size, endpoints and weights did not change is
+/// taken from the cluster's previous balancer ([`Balancer::hash_tables`])
+/// instead of built again. Nothing is shared through process-wide state, so
+/// one cluster's (or one test's) tables never depend on another's.
+#[derive(Clone)]
+pub struct HashTable {
     key: TableKey,
-    build: impl FnOnce(&TableKey) -> T,
-) -> T {
-    let mut tables = tables.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(t) = tables.get(&key) {
-        return t.clone();
+    table: Table,
+}
+
+/// A hash table (a clone shares it).
+#[derive(Clone)]
+enum Table {
+    Ring(ring_hash::RingHash),
+    Maglev(maglev::Maglev),
+}
+
+/// The table built from `key`, one of `previous` if it was built from the
+/// same, else a new one (off the request path: balancers are built on
+/// config updates).
+fn hash_table(previous: &[HashTable], key: TableKey, policy: Policy) -> (Picker, TableKey) {
+    if let Some(t) = previous.iter().find(|t| t.key == key) {
+        let picker = match &t.table {
+            Table::Ring(r) => Picker::RingHash(r.clone()),
+            Table::Maglev(m) => Picker::Maglev(m.clone()),
+        };
+        return (picker, key);
     }
-    tables.retain(|_, t| t.holders() > 1);
-    let t = build(&key);
-    tables.insert(key, t.clone());
-    t
+    let picker = if policy == Policy::RingHash {
+        Picker::RingHash(ring_hash::RingHash::new(&key.1, &key.2, key.0))
+    } else {
+        Picker::Maglev(maglev::Maglev::new(&key.1, &key.2, key.0))
+    };
+    (picker, key)
 }
 
 /// Slow start (Envoy semantics): an endpoint that joined `window` ago or
@@ -94,6 +86,8 @@ pub struct Warmup {
 pub struct Balancer {
     endpoints: Vec<Arc<EndpointState>>,
     picker: Picker,
+    /// What the hash table was built from (hash policies only).
+    table_key: Option<TableKey>,
     policy: Policy,
     warmup: Option<Warmup>,
     zones: Option<Box<Zones>>,
@@ -170,8 +164,21 @@ impl Balancer {
         table_size: u64,
         endpoints: Vec<(Arc<EndpointState>, u32)>,
     ) -> Balancer {
+        Balancer::reusing(policy, table_size, endpoints, &[])
+    }
+
+    /// [`Balancer::new`], taking a hash table from `previous` (the cluster's
+    /// last balancer's [`Balancer::hash_tables`]) when one was built from
+    /// the same size, endpoints and weights.
+    pub fn reusing(
+        policy: Policy,
+        table_size: u64,
+        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        previous: &[HashTable],
+    ) -> Balancer {
         let weights: Vec<u32> = endpoints.iter().map(|(_, w)| (*w).max(1)).collect();
         let endpoints: Vec<Arc<EndpointState>> = endpoints.into_iter().map(|(e, _)| e).collect();
+        let mut table_key = None;
         let picker = match policy {
             Policy::RoundRobin => Picker::RoundRobin(round_robin::RoundRobin::new(&weights)),
             Policy::Random => Picker::Random(random::Random::new(&weights)),
@@ -180,27 +187,51 @@ impl Balancer {
             }
             Policy::RingHash | Policy::Maglev => {
                 let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
-                if policy == Policy::RingHash {
-                    let size = if table_size == 0 { 1024 } else { table_size };
-                    Picker::RingHash(shared(&RINGS, (size, keys, weights.clone()), |k| {
-                        ring_hash::RingHash::new(&k.1, &k.2, k.0)
-                    }))
+                let default = if policy == Policy::RingHash {
+                    1024
                 } else {
-                    let size = if table_size == 0 { 65537 } else { table_size };
-                    Picker::Maglev(shared(&MAGLEVS, (size, keys, weights.clone()), |k| {
-                        maglev::Maglev::new(&k.1, &k.2, k.0)
-                    }))
-                }
+                    65537
+                };
+                let size = if table_size == 0 { default } else { table_size };
+                let (picker, key) = hash_table(previous, (size, keys, weights), policy);
+                table_key = Some(key);
+                picker
             }
             Policy::PeakEwma => Picker::PeakEwma,
         };
         Balancer {
             endpoints,
             picker,
+            table_key,
             policy,
             warmup: None,
             zones: None,
         }
+    }
+
+    /// The hash tables this balancer holds (none but for the hash
+    /// policies), for the next balancer of the cluster to reuse.
+    pub fn hash_tables(&self) -> Vec<HashTable> {
+        let mut out = Vec::new();
+        let mut add = |b: &Balancer| {
+            let table = match &b.picker {
+                Picker::RingHash(r) => Table::Ring(r.clone()),
+                Picker::Maglev(m) => Table::Maglev(m.clone()),
+                _ => return,
+            };
+            if let Some(key) = &b.table_key {
+                out.push(HashTable {
+                    key: key.clone(),
+                    table,
+                });
+            }
+        };
+        add(self);
+        if let Some(z) = &self.zones {
+            add(&z.local);
+            add(&z.remote);
+        }
+        out
     }
 
     /// A balancer with zone failover: `policy` over the endpoints with
@@ -216,9 +247,22 @@ impl Balancer {
         in_zone: &[bool],
         warmup: Option<Warmup>,
     ) -> Balancer {
+        Balancer::zoned_reusing(policy, table_size, endpoints, in_zone, warmup, &[])
+    }
+
+    /// [`Balancer::zoned`], reusing `previous` hash tables as
+    /// [`Balancer::reusing`] does.
+    pub fn zoned_reusing(
+        policy: Policy,
+        table_size: u64,
+        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        in_zone: &[bool],
+        warmup: Option<Warmup>,
+        previous: &[HashTable],
+    ) -> Balancer {
         let local_count = in_zone.iter().filter(|l| **l).count();
         if local_count == 0 || local_count == endpoints.len() || in_zone.len() != endpoints.len() {
-            return Balancer::new(policy, table_size, endpoints).with_warmup(warmup);
+            return Balancer::reusing(policy, table_size, endpoints, previous).with_warmup(warmup);
         }
         let (local, remote): (Vec<_>, Vec<_>) = endpoints
             .iter()
@@ -226,8 +270,8 @@ impl Balancer {
             .zip(in_zone)
             .partition(|(_, local)| **local);
         let side = |v: Vec<((Arc<EndpointState>, u32), &bool)>| {
-            Balancer::new(policy, table_size, v.into_iter().map(|(e, _)| e).collect())
-                .with_warmup(warmup)
+            let eps = v.into_iter().map(|(e, _)| e).collect();
+            Balancer::reusing(policy, table_size, eps, previous).with_warmup(warmup)
         };
         let zones = Zones {
             local: side(local),
@@ -363,9 +407,7 @@ mod tests {
         eps_in(0, n)
     }
 
-    /// `n` endpoints in 10.`net`.0.0/24: a test that looks into the shared
-    /// hash tables uses a network of its own, since other tests, running at
-    /// the same time, build tables of their own over `eps`.
+    /// `n` endpoints in 10.`net`.0.0/24.
     fn eps_in(net: u8, n: u8) -> Vec<(Arc<EndpointState>, u32)> {
         (1..=n)
             .map(|i| {
@@ -378,6 +420,7 @@ mod tests {
     }
 
     fn table(b: &Balancer) -> *const () {
+        // The picker's table, by address (tables are shared by clones).
         match &b.picker {
             Picker::RingHash(r) => r.id(),
             Picker::Maglev(m) => m.id(),
@@ -386,40 +429,37 @@ mod tests {
     }
 
     #[test]
-    fn a_hash_table_is_built_once_for_the_same_endpoints_weights_and_size() {
-        let mine = |k: &[String]| k.len() == 3 && k.iter().all(|a| a.starts_with("10.7.0."));
+    fn a_hash_table_is_reused_from_the_previous_balancer_built_from_the_same() {
         for (policy, size) in [(Policy::Maglev, 65537), (Policy::RingHash, 1024)] {
-            let a = eps_in(7, 3);
+            let a = eps(3);
             let first = Balancer::new(policy, size, a.clone());
+            let previous = first.hash_tables();
+            assert_eq!(previous.len(), 1);
             // A config update rebuilding the balancer over the same endpoints
-            // shares the table, and picks as the first.
-            let again = Balancer::new(policy, size, a.clone());
+            // takes the table, and picks as the first.
+            let again = Balancer::reusing(policy, size, a.clone(), &previous);
             assert_eq!(table(&first), table(&again), "{policy:?}");
             assert_eq!(owners(&first, 100), owners(&again, 100));
             // Another weight, size or endpoint set builds its own.
             let mut heavier = a.clone();
             heavier[0].1 = 2;
-            assert_ne!(table(&Balancer::new(policy, size, heavier)), table(&first));
+            let other = |eps, size| table(&Balancer::reusing(policy, size, eps, &previous));
+            assert_ne!(other(heavier, size), table(&first));
+            assert_ne!(other(a.clone(), size + 2), table(&first));
+            assert_ne!(other(eps(4), size), table(&first));
+            // Without a previous balancer, nothing is shared: another
+            // cluster over the same endpoints has a table of its own.
             assert_ne!(
-                table(&Balancer::new(policy, size + 2, a.clone())),
+                table(&Balancer::new(policy, size, a.clone())),
                 table(&first)
             );
-            assert_ne!(
-                table(&Balancer::new(policy, size, eps_in(7, 4))),
-                table(&first)
-            );
-            // Once no balancer holds it, its entry goes at the next build.
-            drop((first, again));
-            let _next = Balancer::new(policy, size, eps_in(7, 2));
-            let tables = match policy {
-                Policy::Maglev => MAGLEVS.lock().unwrap().keys().cloned().collect::<Vec<_>>(),
-                _ => RINGS.lock().unwrap().keys().cloned().collect(),
-            };
-            assert!(
-                !tables.iter().any(|(s, k, _)| *s == size && mine(k)),
-                "{policy:?}: {tables:?}"
-            );
+            // A zoned balancer hands on both sides' tables.
+            let zoned = Balancer::zoned(policy, size, eps(4), &[true, true, false, false], None);
+            assert_eq!(zoned.hash_tables().len(), 2);
         }
+        assert!(Balancer::new(Policy::RoundRobin, 0, eps(3))
+            .hash_tables()
+            .is_empty());
     }
 
     fn owners(b: &Balancer, keys: u64) -> Vec<SocketAddr> {

@@ -354,13 +354,13 @@ impl Resources {
             while last.next_if(|(k, _)| k < name).is_some() {}
             let prev = last.next_if(|(k, _)| k == name).map(|(_, b)| b);
             found += usize::from(prev.is_some());
-            let old = match prev {
+            let (old, tables) = match prev {
                 Some(b) if same_inputs && !self.changed.contains(name) => {
                     built.push((name.clone(), b));
                     continue;
                 }
-                Some(b) => b.states,
-                None => HashMap::new(),
+                Some(b) => (b.states, b.handle.balancer.hash_tables()),
+                None => (HashMap::new(), Vec::new()),
             };
             let Ok(policy) = Policy::from_wire(c.policy) else {
                 continue; // validated on receipt; unreachable in practice
@@ -418,10 +418,12 @@ impl Resources {
                 min: (c.warmup_min_percent / 100.0).clamp(0.0, 1.0),
                 inv_aggression: 1.0 / c.warmup_aggression.max(0.01),
             });
+            // A hash table built from the same endpoints, weights and size
+            // is taken from the cluster's last balancer, not built again.
             let balancer = if c.zone_failover {
-                Balancer::zoned(policy, size, eps, &in_zone, warmup)
+                Balancer::zoned_reusing(policy, size, eps, &in_zone, warmup, &tables)
             } else {
-                Balancer::new(policy, size, eps).with_warmup(warmup)
+                Balancer::reusing(policy, size, eps, &tables).with_warmup(warmup)
             };
             let handle = Arc::new(ClusterHandle {
                 name: name.as_str().into(),

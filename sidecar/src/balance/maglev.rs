@@ -57,11 +57,6 @@ impl Maglev {
         }
     }
 
-    /// Balancers (and caches) holding this table.
-    pub fn holders(&self) -> usize {
-        std::sync::Arc::strong_count(&self.table)
-    }
-
     /// Where the table is, to tell shared tables apart.
     #[cfg(test)]
     pub(crate) fn id(&self) -> *const () {

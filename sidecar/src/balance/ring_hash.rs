@@ -84,11 +84,6 @@ impl RingHash {
         }
     }
 
-    /// Balancers (and caches) holding this ring.
-    pub fn holders(&self) -> usize {
-        Arc::strong_count(&self.hashes)
-    }
-
     /// Where the ring is, to tell shared rings apart.
     #[cfg(test)]
     pub(crate) fn id(&self) -> *const () {
