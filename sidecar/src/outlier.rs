@@ -4,9 +4,12 @@
 //! semantics).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use http::StatusCode;
 use tracing::info;
+
+use minimesh_proto::v1::OutlierDetection;
 
 use crate::endpoint::EndpointState;
 use crate::routing::ClusterHandle;
@@ -23,20 +26,35 @@ pub enum Outcome {
     TimedOut,
 }
 
-/// Counts an attempt's outcome towards its endpoint's outlier detection and
-/// ejects the endpoint when it crosses a consecutive-error threshold. As
-/// Envoy does it: unless the rule splits them off, local-origin failures count
-/// as the 503 (504 for a timeout) Envoy maps them to, towards both the 5xx
-/// and the gateway-error thresholds; split, they count only towards
-/// `consecutiveLocalOriginFailures`, which any response resets.
+/// An ejection [`count`] made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ejection {
+    /// How long, ms: the base time multiplied by the times ejected, at
+    /// most [`MAX_EJECTION_MS`].
+    pub ms: u64,
+    /// Times this endpoint has been ejected, this one included.
+    pub times: u32,
+}
+
+/// The longest ejection (Envoy's `max_ejection_time` default: 300 s).
+pub const MAX_EJECTION_MS: u64 = 300_000;
+
+/// Counts an attempt's outcome towards its endpoint's outlier detection
+/// and ejects it when it crosses a threshold; logs the ejection.
 pub fn record(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
-    let status = match outcome {
-        Outcome::Status(s) => s,
-        Outcome::Failed => StatusCode::SERVICE_UNAVAILABLE,
-        Outcome::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+    let Some(od) = &cluster.outlier else {
+        reset_on_success(ep, outcome);
+        return;
     };
-    let local = !matches!(outcome, Outcome::Status(_));
-    if !status.is_server_error() {
+    let now = crate::clock::precise_ms();
+    if let Some(e) = count(od, cluster.balancer.endpoints(), ep, outcome, now) {
+        info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = e.ms, times = e.times, ?outcome, "endpoint ejected by outlier detection");
+    }
+}
+
+/// A response under 500 resets every consecutive count.
+fn reset_on_success(ep: &EndpointState, outcome: Outcome) -> bool {
+    if matches!(outcome, Outcome::Status(s) if !s.is_server_error()) {
         for c in [
             &ep.consecutive_5xx,
             &ep.consecutive_gateway,
@@ -46,13 +64,39 @@ pub fn record(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
                 c.store(0, Ordering::Relaxed);
             }
         }
-        return;
+        return true;
     }
-    let Some(od) = &cluster.outlier else { return };
+    false
+}
+
+/// Counts `outcome` of an attempt at `ep`, one of `endpoints`, under the
+/// settings `od` at `now_ms` (the sidecar clock's milliseconds); the
+/// ejection it caused, if any. As Envoy does it: unless the rule splits them
+/// off, local-origin failures count as the 503 (504 for a timeout) Envoy
+/// maps them to, towards both the 5xx and the gateway-error thresholds;
+/// split, they count only towards `consecutiveLocalOriginFailures`, which
+/// any response resets. At most `max_ejection_percent` of the endpoints
+/// (always one) are ejected at once, and none below `min_health_percent`.
+pub fn count(
+    od: &OutlierDetection,
+    endpoints: &[Arc<EndpointState>],
+    ep: &EndpointState,
+    outcome: Outcome,
+    now_ms: u64,
+) -> Option<Ejection> {
+    if reset_on_success(ep, outcome) {
+        return None;
+    }
+    let status = match outcome {
+        Outcome::Status(s) => s,
+        Outcome::Failed => StatusCode::SERVICE_UNAVAILABLE,
+        Outcome::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+    };
+    let local = !matches!(outcome, Outcome::Status(_));
     if od.ignore_503 && !local && status == StatusCode::SERVICE_UNAVAILABLE {
         // The default detector leaves overload alone: a 503 neither counts
         // nor resets (see ignore_503).
-        return;
+        return None;
     }
     let tripped = if local && od.split_local_origin {
         let cl = ep.consecutive_local.fetch_add(1, Ordering::Relaxed) + 1;
@@ -72,24 +116,148 @@ pub fn record(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
         (od.consecutive_5xx > 0 && c5 >= od.consecutive_5xx)
             || (od.consecutive_gateway_errors > 0 && cg >= od.consecutive_gateway_errors)
     };
-    if !tripped || ep.is_ejected() {
-        return;
+    let ejected_now = |e: &EndpointState| e.ejected_until_ms.load(Ordering::Relaxed) > now_ms;
+    if !tripped || ejected_now(ep) {
+        return None;
     }
-    let eps = cluster.balancer.endpoints();
-    let n = eps.len();
-    let ejected = eps.iter().filter(|e| e.is_ejected()).count();
+    let n = endpoints.len();
+    let ejected = endpoints.iter().filter(|e| ejected_now(e)).count();
     // As Envoy: at least one endpoint may always be ejected.
     let max = (n * od.max_ejection_percent as usize / 100).max(1);
     let available_after = (n - ejected - 1) * 100 / n.max(1);
     if ejected >= max || available_after < od.min_health_percent as usize {
-        return;
+        return None;
     }
     let times = ep.ejections.fetch_add(1, Ordering::Relaxed) + 1;
-    let ms = (od.base_ejection_ms * u64::from(times)).min(300_000);
-    ep.ejected_until_ms
-        .store(crate::clock::precise_ms() + ms, Ordering::Relaxed);
+    let ms = (od.base_ejection_ms * u64::from(times)).min(MAX_EJECTION_MS);
+    ep.ejected_until_ms.store(now_ms + ms, Ordering::Relaxed);
     ep.consecutive_5xx.store(0, Ordering::Relaxed);
     ep.consecutive_gateway.store(0, Ordering::Relaxed);
     ep.consecutive_local.store(0, Ordering::Relaxed);
-    info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = ms, times, ?outcome, "endpoint ejected by outlier detection");
+    Some(Ejection { ms, times })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn endpoints(n: u8) -> Vec<Arc<EndpointState>> {
+        (1..=n)
+            .map(|i| EndpointState::new(SocketAddr::from(([10, 9, 0, i], 80)), format!("p{i}")))
+            .collect()
+    }
+
+    /// Istio's defaults: 5 consecutive 5xx, 30 s, 10% of endpoints.
+    fn istio() -> OutlierDetection {
+        OutlierDetection {
+            consecutive_5xx: 5,
+            base_ejection_ms: 30_000,
+            max_ejection_percent: 10,
+            ..Default::default()
+        }
+    }
+
+    const E500: Outcome = Outcome::Status(StatusCode::INTERNAL_SERVER_ERROR);
+    const OK: Outcome = Outcome::Status(StatusCode::OK);
+
+    /// `n` outcomes in a row at `now`; the last one's ejection.
+    fn times(
+        od: &OutlierDetection,
+        eps: &[Arc<EndpointState>],
+        i: usize,
+        outcome: Outcome,
+        n: u32,
+        now: u64,
+    ) -> Option<Ejection> {
+        let mut last = None;
+        for _ in 0..n {
+            last = count(od, eps, &eps[i], outcome, now);
+        }
+        last
+    }
+
+    #[test]
+    fn five_in_a_row_eject_and_each_ejection_lasts_longer() {
+        let (od, eps) = (istio(), endpoints(4));
+        assert_eq!(times(&od, &eps, 0, E500, 4, 1_000), None);
+        // A success resets the count.
+        assert_eq!(count(&od, &eps, &eps[0], OK, 1_000), None);
+        assert_eq!(times(&od, &eps, 0, E500, 4, 1_000), None);
+        assert_eq!(
+            count(&od, &eps, &eps[0], E500, 1_000),
+            Some(Ejection {
+                ms: 30_000,
+                times: 1
+            })
+        );
+        assert_eq!(
+            eps[0].ejected_until_ms.load(Ordering::Relaxed),
+            31_000,
+            "ejected from now for the base time"
+        );
+        // Back, fails again: twice the base time, then capped at 300 s.
+        let back = 31_001;
+        assert_eq!(
+            times(&od, &eps, 0, E500, 5, back),
+            Some(Ejection {
+                ms: 60_000,
+                times: 2
+            })
+        );
+        let mut now = back + 60_001;
+        let mut last = None;
+        for _ in 0..10 {
+            last = times(&od, &eps, 0, E500, 5, now);
+            now += last.map_or(0, |e| e.ms) + 1;
+        }
+        assert_eq!(last.map(|e| e.ms), Some(MAX_EJECTION_MS));
+    }
+
+    #[test]
+    fn at_most_the_share_of_endpoints_and_always_one() {
+        let (od, eps) = (istio(), endpoints(4));
+        // 10% of 4 is 0: one may always go, a second may not while it is out.
+        assert!(times(&od, &eps, 0, E500, 5, 0).is_some());
+        assert_eq!(times(&od, &eps, 1, E500, 5, 0), None);
+        // Once the first is back, the second, still failing, goes at its
+        // next failure: its count went on while it could not be ejected.
+        assert!(count(&od, &eps, &eps[1], E500, 30_001).is_some());
+        // Below min_health_percent, no ejection at all.
+        let strict = OutlierDetection {
+            min_health_percent: 80,
+            max_ejection_percent: 100,
+            ..istio()
+        };
+        let eps = endpoints(4);
+        assert_eq!(times(&strict, &eps, 0, E500, 5, 0), None);
+    }
+
+    #[test]
+    fn the_default_detector_leaves_503_alone_and_local_failures_count_as_503() {
+        let default = OutlierDetection {
+            ignore_503: true,
+            ..istio()
+        };
+        let eps = endpoints(2);
+        let e503 = Outcome::Status(StatusCode::SERVICE_UNAVAILABLE);
+        // 503s neither count nor reset.
+        assert_eq!(times(&default, &eps, 0, E500, 4, 0), None);
+        assert_eq!(times(&default, &eps, 0, e503, 10, 0), None);
+        assert!(count(&default, &eps, &eps[0], E500, 0).is_some());
+        // A refused connection counts as a 503 would under a rule's own
+        // detector: five eject.
+        let eps = endpoints(2);
+        assert!(times(&istio(), &eps, 0, Outcome::Failed, 5, 0).is_some());
+        // Split off, local failures count only towards their own threshold.
+        let split = OutlierDetection {
+            split_local_origin: true,
+            consecutive_local_origin: 3,
+            ..istio()
+        };
+        let eps = endpoints(2);
+        assert_eq!(times(&split, &eps, 0, E500, 4, 0), None);
+        assert_eq!(times(&split, &eps, 0, Outcome::TimedOut, 2, 0), None);
+        assert!(count(&split, &eps, &eps[0], Outcome::TimedOut, 0).is_some());
+    }
 }
