@@ -479,6 +479,47 @@ mod tests {
         }
     }
 
+    /// A report of 5 requests at `latency_ms` each.
+    fn timed(endpoint: &str, sequence: u64, latency_ms: u64) -> LoadStatsRequest {
+        let mut r = report(endpoint, sequence);
+        let e = &mut r.cluster_stats[0].endpoint_stats[0];
+        e.latency_count = 5;
+        e.latency_sum_ms = 5.0 * latency_ms as f64;
+        e.latency_first_bucket = minimesh_proto::latency::bucket(latency_ms * 1000) as u32;
+        e.latency_buckets = vec![5];
+        r
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_view_counts_the_window_and_reads_percentiles_from_fine_buckets() {
+        let a = Aggregator::new(Duration::from_secs(10));
+        let known = BTreeMap::new();
+        let at = |a: &Aggregator| {
+            let v = a.view(&known);
+            v["clusters"]["backend.ns"]["10.0.0.1:80"].clone()
+        };
+        a.add("caller", &timed("10.0.0.1:80", 1, 40));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        a.add("caller", &timed("10.0.0.1:80", 2, 150));
+        let v = at(&a);
+        assert_eq!(v["requests"], 10, "{v}");
+        // Half the samples at 40 ms, half at 150: the median is the 5th of
+        // 10, at 40 ms, the p99 at 150 ms, each within 1.6%.
+        let p50 = v["p50_ms"].as_f64().expect("p50");
+        let p99 = v["p99_ms"].as_f64().expect("p99");
+        assert!((p50 - 40.0).abs() <= 0.016 * 40.0, "{p50}");
+        assert!((p99 - 150.0).abs() <= 0.016 * 150.0, "{p99}");
+        // Six seconds on, the first report's second has left the window.
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let v = at(&a);
+        assert_eq!(v["requests"], 5, "{v}");
+        assert!((v["p50_ms"].as_f64().expect("p50") - 150.0).abs() <= 2.4);
+        // Once the reporter has been silent for a whole window, the
+        // endpoint is gone from the view.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(at(&a).is_null(), "{}", a.view(&known));
+    }
+
     fn sizes(a: &Aggregator) -> (usize, usize, usize) {
         let endpoints = a.endpoints.lock().unwrap();
         let loads = || endpoints.values().flat_map(|c| c.values());
