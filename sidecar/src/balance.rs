@@ -512,7 +512,6 @@ mod tests {
     #[test]
     fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
         use std::collections::HashMap;
-        use std::sync::atomic::Ordering::Relaxed;
         let all = eps(4);
         let in_zone = [true, true, false, false];
         let b = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &in_zone, None);
@@ -538,7 +537,7 @@ mod tests {
         assert_eq!(count(&b, Some(&all[2].0)), [5000, 5000, 0, 0]);
         // Half the zone ejected: it keeps 1.4 x 0.5 = 70%, the rest spills.
         let far = crate::clock::now_ms() + 1_000_000;
-        all[0].0.ejected_until_ms.store(far, Relaxed);
+        all[0].0.outlier.eject_until(far);
         settle();
         let [a, l, r1, r2] = count(&b, None);
         assert_eq!(a, 0, "an ejected endpoint takes nothing");
@@ -552,12 +551,12 @@ mod tests {
             "round robin over the other zone: {r1} {r2}"
         );
         // The whole zone ejected: everything goes to the other zone.
-        all[1].0.ejected_until_ms.store(far, Relaxed);
+        all[1].0.outlier.eject_until(far);
         settle();
         assert_eq!(count(&b, None), [0, 0, 5000, 5000]);
         // Recovered: back home.
-        all[0].0.ejected_until_ms.store(0, Relaxed);
-        all[1].0.ejected_until_ms.store(0, Relaxed);
+        all[0].0.outlier.eject_until(0);
+        all[1].0.outlier.eject_until(0);
         settle();
         assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
         // No endpoint in the caller's zone, or all of them: no split.

@@ -82,15 +82,8 @@ pub struct EndpointState {
     pub fail_until_ms: AtomicU64,
     /// Counters.
     pub counters: Counters,
-    /// Consecutive 5xx responses (outlier detection).
-    pub consecutive_5xx: AtomicU32,
-    /// Consecutive gateway errors: 502/503/504, and local-origin failures
-    /// unless the rule splits them off.
-    pub consecutive_gateway: AtomicU32,
-    /// Consecutive local-origin failures (outlier detection, when split).
-    pub consecutive_local: AtomicU32,
-    /// Ejected by outlier detection until this [`clock::now_ms`] value.
-    pub ejected_until_ms: AtomicU64,
+    /// Outlier detection's counts and ejection ([`crate::outlier`]).
+    pub outlier: crate::outlier::State,
     /// When the endpoint joined its cluster ([`clock::precise_ms`]); 0 for
     /// endpoints present when the sidecar first heard of the cluster (no
     /// slow start at startup).
@@ -99,8 +92,6 @@ pub struct EndpointState {
     pub hc_unhealthy: std::sync::atomic::AtomicBool,
     /// Consecutive health-check outcomes that disagree with the current state.
     pub hc_streak: AtomicU32,
-    /// Times ejected (the ejection time grows with it).
-    pub ejections: AtomicU32,
     /// PEAK_EWMA round-trip estimate in microseconds (f64 bits; 0 = no sample).
     pub ewma_rtt_us: AtomicU64,
     /// When `ewma_rtt_us` was last updated ([`clock::now_ms`] × 1000).
@@ -123,11 +114,7 @@ impl EndpointState {
             consecutive_failures: AtomicU32::new(0),
             fail_until_ms: AtomicU64::new(0),
             counters: Counters::default(),
-            consecutive_5xx: AtomicU32::new(0),
-            consecutive_gateway: AtomicU32::new(0),
-            consecutive_local: AtomicU32::new(0),
-            ejected_until_ms: AtomicU64::new(0),
-            ejections: AtomicU32::new(0),
+            outlier: Default::default(),
             joined_ms: AtomicU64::new(clock::precise_ms()),
             hc_unhealthy: std::sync::atomic::AtomicBool::new(false),
             hc_streak: AtomicU32::new(0),
@@ -142,13 +129,13 @@ impl EndpointState {
     pub fn is_failing(&self) -> bool {
         let now = clock::now_ms();
         self.fail_until_ms.load(Ordering::Relaxed) > now
-            || self.ejected_until_ms.load(Ordering::Relaxed) > now
+            || self.outlier.is_ejected(now)
             || self.hc_unhealthy.load(Ordering::Relaxed)
     }
 
     /// True while ejected by outlier detection.
     pub fn is_ejected(&self) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > clock::now_ms()
+        self.outlier.is_ejected(clock::now_ms())
     }
 
     /// Records a refused connection (or an attempt that timed out): the

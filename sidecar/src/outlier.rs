@@ -1,18 +1,13 @@
 //! Passive outlier detection: each attempt's outcome counts towards its
 //! endpoint's consecutive-error thresholds, and an endpoint that crosses
 //! one is ejected for a while, within the cluster's limits (Envoy's
-//! semantics).
+//! semantics). The module owns the counts ([`State`], one per endpoint) and
+//! knows nothing of endpoints, clusters or I/O: the time is passed in.
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use http::StatusCode;
-use tracing::info;
-
 use minimesh_proto::v1::OutlierDetection;
-
-use crate::endpoint::EndpointState;
-use crate::routing::ClusterHandle;
 
 /// What an attempt came to, for outlier detection.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +19,60 @@ pub enum Outcome {
     Failed,
     /// A local-origin failure: no response within the per-try timeout.
     TimedOut,
+}
+
+/// One endpoint's outlier-detection state, kept across config updates.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Consecutive 5xx responses.
+    consecutive_5xx: AtomicU32,
+    /// Consecutive gateway errors: 502/503/504, and local-origin failures
+    /// unless the rule splits them off.
+    consecutive_gateway: AtomicU32,
+    /// Consecutive local-origin failures (when split).
+    consecutive_local: AtomicU32,
+    /// Times ejected (the ejection time grows with it).
+    ejections: AtomicU32,
+    /// Ejected until this time (the sidecar clock's milliseconds).
+    ejected_until_ms: AtomicU64,
+}
+
+impl State {
+    /// True while ejected, at `now_ms`.
+    #[inline]
+    pub fn is_ejected(&self, now_ms: u64) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms
+    }
+
+    /// When the ejection in force ends (0: never ejected).
+    pub fn ejected_until_ms(&self) -> u64 {
+        self.ejected_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Ejects until `ms` or, with 0, lifts the ejection (tests of what
+    /// balancing does with ejected endpoints).
+    #[cfg(test)]
+    pub(crate) fn eject_until(&self, ms: u64) {
+        self.ejected_until_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// A response under 500 resets every consecutive count; true if
+    /// `outcome` was one.
+    pub fn reset_on_success(&self, outcome: Outcome) -> bool {
+        if matches!(outcome, Outcome::Status(s) if !s.is_server_error()) {
+            for c in [
+                &self.consecutive_5xx,
+                &self.consecutive_gateway,
+                &self.consecutive_local,
+            ] {
+                if c.load(Ordering::Relaxed) != 0 {
+                    c.store(0, Ordering::Relaxed);
+                }
+            }
+            return true;
+        }
+        false
+    }
 }
 
 /// An ejection [`count`] made.
@@ -39,52 +88,23 @@ pub struct Ejection {
 /// The longest ejection (Envoy's `max_ejection_time` default: 300 s).
 pub const MAX_EJECTION_MS: u64 = 300_000;
 
-/// Counts an attempt's outcome towards its endpoint's outlier detection
-/// and ejects it when it crosses a threshold; logs the ejection.
-pub fn record(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
-    let Some(od) = &cluster.outlier else {
-        reset_on_success(ep, outcome);
-        return;
-    };
-    let now = crate::clock::precise_ms();
-    if let Some(e) = count(od, cluster.balancer.endpoints(), ep, outcome, now) {
-        info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = e.ms, times = e.times, ?outcome, "endpoint ejected by outlier detection");
-    }
-}
-
-/// A response under 500 resets every consecutive count.
-fn reset_on_success(ep: &EndpointState, outcome: Outcome) -> bool {
-    if matches!(outcome, Outcome::Status(s) if !s.is_server_error()) {
-        for c in [
-            &ep.consecutive_5xx,
-            &ep.consecutive_gateway,
-            &ep.consecutive_local,
-        ] {
-            if c.load(Ordering::Relaxed) != 0 {
-                c.store(0, Ordering::Relaxed);
-            }
-        }
-        return true;
-    }
-    false
-}
-
-/// Counts `outcome` of an attempt at `ep`, one of `endpoints`, under the
-/// settings `od` at `now_ms` (the sidecar clock's milliseconds); the
-/// ejection it caused, if any. As Envoy does it: unless the rule splits them
-/// off, local-origin failures count as the 503 (504 for a timeout) Envoy
-/// maps them to, towards both the 5xx and the gateway-error thresholds;
-/// split, they count only towards `consecutiveLocalOriginFailures`, which
-/// any response resets. At most `max_ejection_percent` of the endpoints
-/// (always one) are ejected at once, and none below `min_health_percent`.
-pub fn count(
+/// Counts `outcome` of an attempt at the endpoint whose state is `ep`, one
+/// of the cluster's `endpoints` (its own state among them), under the
+/// settings `od` at `now_ms`; the ejection it caused, if any. As Envoy does
+/// it: unless the rule splits them off, local-origin failures count as the
+/// 503 (504 for a timeout) Envoy maps them to, towards both the 5xx and the
+/// gateway-error thresholds; split, they count only towards
+/// `consecutiveLocalOriginFailures`, which any response resets. At most
+/// `max_ejection_percent` of the endpoints (always one) are ejected at once,
+/// and none below `min_health_percent`.
+pub fn count<'a>(
     od: &OutlierDetection,
-    endpoints: &[Arc<EndpointState>],
-    ep: &EndpointState,
+    endpoints: impl Iterator<Item = &'a State>,
+    ep: &State,
     outcome: Outcome,
     now_ms: u64,
 ) -> Option<Ejection> {
-    if reset_on_success(ep, outcome) {
+    if ep.reset_on_success(outcome) {
         return None;
     }
     let status = match outcome {
@@ -116,15 +136,15 @@ pub fn count(
         (od.consecutive_5xx > 0 && c5 >= od.consecutive_5xx)
             || (od.consecutive_gateway_errors > 0 && cg >= od.consecutive_gateway_errors)
     };
-    let ejected_now = |e: &EndpointState| e.ejected_until_ms.load(Ordering::Relaxed) > now_ms;
-    if !tripped || ejected_now(ep) {
+    if !tripped || ep.is_ejected(now_ms) {
         return None;
     }
-    let n = endpoints.len();
-    let ejected = endpoints.iter().filter(|e| ejected_now(e)).count();
+    let (n, ejected) = endpoints.fold((0usize, 0usize), |(n, e), s| {
+        (n + 1, e + usize::from(s.is_ejected(now_ms)))
+    });
     // As Envoy: at least one endpoint may always be ejected.
     let max = (n * od.max_ejection_percent as usize / 100).max(1);
-    let available_after = (n - ejected - 1) * 100 / n.max(1);
+    let available_after = n.saturating_sub(ejected + 1) * 100 / n.max(1);
     if ejected >= max || available_after < od.min_health_percent as usize {
         return None;
     }
@@ -140,12 +160,9 @@ pub fn count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddr;
 
-    fn endpoints(n: u8) -> Vec<Arc<EndpointState>> {
-        (1..=n)
-            .map(|i| EndpointState::new(SocketAddr::from(([10, 9, 0, i], 80)), format!("p{i}")))
-            .collect()
+    fn endpoints(n: u8) -> Vec<State> {
+        (0..n).map(|_| State::default()).collect()
     }
 
     /// Istio's defaults: 5 consecutive 5xx, 30 s, 10% of endpoints.
@@ -164,7 +181,7 @@ mod tests {
     /// `n` outcomes in a row at `now`; the last one's ejection.
     fn times(
         od: &OutlierDetection,
-        eps: &[Arc<EndpointState>],
+        eps: &[State],
         i: usize,
         outcome: Outcome,
         n: u32,
@@ -172,7 +189,7 @@ mod tests {
     ) -> Option<Ejection> {
         let mut last = None;
         for _ in 0..n {
-            last = count(od, eps, &eps[i], outcome, now);
+            last = count(od, eps.iter(), &eps[i], outcome, now);
         }
         last
     }
@@ -182,17 +199,17 @@ mod tests {
         let (od, eps) = (istio(), endpoints(4));
         assert_eq!(times(&od, &eps, 0, E500, 4, 1_000), None);
         // A success resets the count.
-        assert_eq!(count(&od, &eps, &eps[0], OK, 1_000), None);
+        assert_eq!(count(&od, eps.iter(), &eps[0], OK, 1_000), None);
         assert_eq!(times(&od, &eps, 0, E500, 4, 1_000), None);
         assert_eq!(
-            count(&od, &eps, &eps[0], E500, 1_000),
+            count(&od, eps.iter(), &eps[0], E500, 1_000),
             Some(Ejection {
                 ms: 30_000,
                 times: 1
             })
         );
         assert_eq!(
-            eps[0].ejected_until_ms.load(Ordering::Relaxed),
+            eps[0].ejected_until_ms(),
             31_000,
             "ejected from now for the base time"
         );
@@ -222,7 +239,7 @@ mod tests {
         assert_eq!(times(&od, &eps, 1, E500, 5, 0), None);
         // Once the first is back, the second, still failing, goes at its
         // next failure: its count went on while it could not be ejected.
-        assert!(count(&od, &eps, &eps[1], E500, 30_001).is_some());
+        assert!(count(&od, eps.iter(), &eps[1], E500, 30_001).is_some());
         // Below min_health_percent, no ejection at all.
         let strict = OutlierDetection {
             min_health_percent: 80,
@@ -244,7 +261,7 @@ mod tests {
         // 503s neither count nor reset.
         assert_eq!(times(&default, &eps, 0, E500, 4, 0), None);
         assert_eq!(times(&default, &eps, 0, e503, 10, 0), None);
-        assert!(count(&default, &eps, &eps[0], E500, 0).is_some());
+        assert!(count(&default, eps.iter(), &eps[0], E500, 0).is_some());
         // A refused connection counts as a 503 would under a rule's own
         // detector: five eject.
         let eps = endpoints(2);
@@ -258,6 +275,6 @@ mod tests {
         let eps = endpoints(2);
         assert_eq!(times(&split, &eps, 0, E500, 4, 0), None);
         assert_eq!(times(&split, &eps, 0, Outcome::TimedOut, 2, 0), None);
-        assert!(count(&split, &eps, &eps[0], Outcome::TimedOut, 0).is_some());
+        assert!(count(&split, eps.iter(), &eps[0], Outcome::TimedOut, 0).is_some());
     }
 }

@@ -17,7 +17,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
@@ -36,7 +36,7 @@ use request::*;
 use respond::*;
 pub use respond::{local, Tracked};
 
-use crate::outlier::{record as outlier_outcome, Outcome};
+use crate::outlier::{self, Outcome};
 use crate::retry::{self, Attempted, GRPC_STATUS};
 pub use attempt::Upstream;
 
@@ -524,6 +524,20 @@ async fn forward(
         n => format!("all {n} attempts failed; last: {last_error}"),
     };
     fail(StatusCode::SERVICE_UNAVAILABLE, &reason, delivered)
+}
+
+/// Counts an attempt's outcome towards its endpoint's outlier detection
+/// (the cluster's, when it has one) and logs an ejection.
+fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
+    let Some(od) = &cluster.outlier else {
+        ep.outlier.reset_on_success(outcome);
+        return;
+    };
+    let all = cluster.balancer.endpoints().iter().map(|e| &e.outlier);
+    let now = crate::clock::precise_ms();
+    if let Some(e) = outlier::count(od, all, &ep.outlier, outcome, now) {
+        info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = e.ms, times = e.times, ?outcome, "endpoint ejected by outlier detection");
+    }
 }
 
 #[cfg(test)]
