@@ -132,8 +132,10 @@ async fn bad_rule_is_rejected_with_file_field_and_reason_and_the_old_policy_stay
         "backend",
         "simple: RANDOM\nconsistentHashh: {}",
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    let cfg = wait_cp_config(&net, |c| {
+        c["errors"][0]["field"] != serde_json::json!("spec.trafficPolicy.loadBalancer.simple")
+    })
+    .await;
     assert_eq!(
         cfg["errors"][0]["field"],
         "spec.trafficPolicy.loadBalancer.consistentHashh"
@@ -184,9 +186,20 @@ async fn malformed_yaml_unknown_kinds_and_deleted_files_never_crash_the_control_
     );
     net.write("garbage.yaml", "\u{0}\u{1}just text: : :\n- - -\n");
     net.write("list.yaml", "- 1\n- 2\n");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Every file read: an error or a warning for each of them.
+    let cfg = wait_cp_config(&net, |c| {
+        let text = c.to_string();
+        [
+            "broken.yaml",
+            "list.yaml",
+            "garbage.yaml",
+            "Deployment default/web",
+        ]
+        .iter()
+        .all(|f| text.contains(f))
+    })
+    .await;
     cp.assert_running();
-    let cfg = get_json(net.cp_admin(), "/debug/config").await;
     let messages: Vec<String> = cfg["errors"]
         .as_array()
         .expect("errors")
@@ -219,7 +232,11 @@ async fn malformed_yaml_unknown_kinds_and_deleted_files_never_crash_the_control_
         "rule.yaml",
         "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\n  bad indent: [\n",
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let rule_file = format!(
+        "{}: invalid YAML",
+        path_str(&net.config().join("rule.yaml"))
+    );
+    wait_cp_config(&net, |c| c["errors"].to_string().contains(&rule_file)).await;
     let v = get_json(net.addr(100, 15000), "/debug/config").await;
     assert_eq!(policy_of(&v, "backend"), "RANDOM");
     net.remove("rule.yaml");
@@ -228,7 +245,7 @@ async fn malformed_yaml_unknown_kinds_and_deleted_files_never_crash_the_control_
     })
     .await;
     net.remove("broken.yaml");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_cp_config(&net, |c| !c["errors"].to_string().contains("broken.yaml")).await;
     cp.assert_running();
     let log = cp.log_text();
     assert!(log.contains("broken.yaml: invalid YAML"), "{log}");
@@ -252,8 +269,7 @@ async fn a_non_prime_maglev_table_never_leaves_the_control_plane() {
         "backend",
         "consistentHash:\n  httpHeaderName: x-user\n  maglev:\n    tableSize: 65536",
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    let cfg = wait_cp_config(&net, |c| c["errors"][0]["field"].is_string()).await;
     assert_eq!(
         cfg["errors"][0]["field"],
         "spec.trafficPolicy.loadBalancer.consistentHash.maglev.tableSize"

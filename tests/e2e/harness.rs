@@ -526,6 +526,26 @@ pub async fn wait_sidecar(
     }
 }
 
+/// Waits until `pred` holds on the control plane's /debug/config (up to
+/// 5 s); returns the config that matched.
+pub async fn wait_cp_config(
+    net: &Net,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let v = get_json(net.cp_admin(), "/debug/config").await;
+        if pred(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "control-plane config never matched within 5 s: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The policy of `cluster` in a sidecar's /debug/config.
 pub fn policy_of(v: &serde_json::Value, service: &str) -> String {
     v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["policy"]
