@@ -33,8 +33,6 @@ use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::pool::UpstreamBody;
-
 #[cfg(test)]
 mod random_responses;
 
@@ -48,6 +46,14 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
+
+/// Body sent upstream: buffered (so that a retry can resend it) or streamed.
+pub enum UpstreamBody {
+    /// The whole body, read before the request goes out.
+    Buffered(Bytes),
+    /// The caller's body, passed on as it arrives.
+    Streaming(Incoming),
+}
 
 /// Why an exchange on an upstream connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -735,15 +741,22 @@ fn trailers(section: &[u8]) -> Result<HeaderMap, Error> {
     }
 }
 
-/// A response body read from its connection as it is polled.
-pub struct ResponseBody {
-    decoder: Decoder,
-    lease: Option<crate::pool::Lease>,
+/// A connection lent for one exchange, and given back once its response
+/// body has been read to the end: the pool's lease.
+pub trait Lent {
+    /// The connection.
+    fn conn(&mut self) -> &mut Conn;
 }
 
-impl ResponseBody {
+/// A response body read from its connection as it is polled.
+pub struct ResponseBody<L> {
+    decoder: Decoder,
+    lease: Option<L>,
+}
+
+impl<L: Lent> ResponseBody<L> {
     /// The body of a response on `lease`'s connection.
-    pub fn new(decoder: Decoder, lease: crate::pool::Lease) -> ResponseBody {
+    pub fn new(decoder: Decoder, lease: L) -> ResponseBody<L> {
         ResponseBody {
             decoder,
             lease: Some(lease),
@@ -752,15 +765,16 @@ impl ResponseBody {
 
     /// The connection, when the body was read to the end and the server
     /// may take another request on it.
-    pub fn take_reusable(&mut self) -> Option<crate::pool::Lease> {
+    pub fn take_reusable(&mut self) -> Option<L> {
         if !matches!(self.decoder, Decoder::Done) {
             return None;
         }
-        self.lease.take().filter(|l| l.conn.reusable())
+        let mut lease = self.lease.take()?;
+        lease.conn().reusable().then_some(lease)
     }
 }
 
-impl Body for ResponseBody {
+impl<L: Lent + Unpin> Body for ResponseBody<L> {
     type Data = Bytes;
     type Error = Error;
 
@@ -772,11 +786,12 @@ impl Body for ResponseBody {
         let Some(lease) = this.lease.as_mut() else {
             return Poll::Ready(None);
         };
-        let polled = this.decoder.poll_frame(&mut lease.conn, cx);
+        let conn = lease.conn();
+        let polled = this.decoder.poll_frame(conn, cx);
         if let Poll::Ready(Some(Err(_))) = &polled {
             // The connection's state is unknown: never reuse it.
             this.decoder = Decoder::Done;
-            lease.conn.keep_alive = false;
+            conn.keep_alive = false;
         }
         polled
     }

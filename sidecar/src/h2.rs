@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
 
-use crate::pool::{PoolSettings, UpstreamError};
+use crate::upstream::{PoolSettings, UpstreamError};
 
 /// Body of a request sent over HTTP/2: buffered (a retry sends it again) or
 /// the caller's, streamed and recorded.
@@ -42,7 +42,7 @@ pub type RequestBody = Either<Full<Bytes>, Recording>;
 /// Streamed request bodies up to this size are recorded as they pass, so
 /// that a retry can send them again (gRPC calls carry no length, so none is
 /// buffered before it goes out).
-pub const MAX_RECORDED: usize = crate::proxy::MAX_BUFFERED_BODY as usize;
+pub const MAX_RECORDED: usize = crate::upstream::MAX_BUFFERED_BODY as usize;
 
 /// What a [`Recording`] has seen pass.
 #[derive(Default)]
@@ -360,7 +360,7 @@ impl H2Pool {
         settings: &PoolSettings,
         open: &Arc<AtomicU32>,
     ) -> Result<H2Stream, UpstreamError> {
-        let l = &self.loops[crate::pool::event_loop() as usize % self.loops.len()];
+        let l = &self.loops[crate::upstream::event_loop() as usize % self.loops.len()];
         match self.take(l, settings).await {
             Taken::Stream(send, stream) => Ok(H2Stream {
                 send,
@@ -515,22 +515,6 @@ impl Body for ResponseBody {
     }
 }
 
-/// True when the server did not process the request: it refused the
-/// stream (`REFUSED_STREAM`), or is going away (`GOAWAY`, which fails only
-/// the streams it will not process: a server draining for a restart). Any
-/// request may then go to another endpoint.
-pub fn refused_stream(e: &hyper::Error) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(h2) = err.downcast_ref::<::h2::Error>() {
-            return h2.reason() == Some(::h2::Reason::REFUSED_STREAM)
-                || (h2.is_go_away() && h2.is_remote());
-        }
-        cur = err.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -543,7 +527,7 @@ mod tests {
 
     const SETTINGS: PoolSettings = PoolSettings {
         connect_timeout: Duration::from_secs(1),
-        idle_timeout: crate::pool::DEFAULT_IDLE_TIMEOUT,
+        idle_timeout: crate::upstream::DEFAULT_IDLE_TIMEOUT,
         max_requests_per_connection: 0,
         max_connection_ms: 0,
         max_streams: 0,

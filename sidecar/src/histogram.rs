@@ -1,6 +1,6 @@
 //! Histograms of atomics: observing is a few comparisons and one atomic
 //! add, so they can sit on the request path. [`Histogram`] has fixed bounds
-//! and is exported by [`crate::metrics`]; [`Fine`] has the
+//! and is exported by the metrics module; [`Fine`] has the
 //! log-linear buckets of the load reports and is drained by each report.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,6 +18,7 @@ pub mod pool;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
+pub mod upstream;
 pub mod xds;
 
 use std::net::SocketAddr;
@@ -166,6 +167,21 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     minimesh_proto::duration::parse(s)
 }
 
+/// Closes expired idle connections of every endpoint, once a second.
+async fn sweep_pools_forever(routing: Arc<ArcSwap<Routing>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let routing = routing.load();
+        for c in routing.clusters.values() {
+            for e in c.balancer.endpoints() {
+                e.pool.sweep(&c.pool);
+            }
+        }
+    }
+}
+
 /// Runs the sidecar until SIGINT or SIGTERM, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     clock::start();
@@ -292,7 +308,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )?;
     }
 
-    let sweeper = tokio::spawn(pool::sweep_forever(routing.clone()));
+    let sweeper = tokio::spawn(sweep_pools_forever(routing.clone()));
     // One HTTP/2 connection carries discovery and load reports: half the
     // connections (and the control plane's memory) of one each. It connects
     // on first use and reconnects when a stream finds it broken.

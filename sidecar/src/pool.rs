@@ -17,114 +17,25 @@
 //! users compare balancers by.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Response;
-use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tracing::debug;
 
+pub use crate::h1::UpstreamBody;
 use crate::h1::{self, Conn};
-
-/// Body sent upstream: buffered (so that a retry can resend it) or streamed.
-pub enum UpstreamBody {
-    /// The whole body, read before the request goes out.
-    Buffered(Bytes),
-    /// The caller's body, passed on as it arrives.
-    Streaming(Incoming),
-}
+use crate::upstream::{event_loop, EVENT_LOOPS};
+pub use crate::upstream::{
+    set_event_loop, set_event_loops, PoolSettings, UpstreamError, DEFAULT_IDLE_TIMEOUT,
+    MAX_BUFFERED_BODY,
+};
 
 /// Idle connections kept per endpoint at most (over all its loops' stacks);
 /// more are closed when freed.
 pub const MAX_IDLE_PER_ENDPOINT: usize = 256;
-
-/// Istio's default `connectionPool.http.idleTimeout`.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// Per-cluster connection settings (Istio's `connectionPool`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolSettings {
-    /// TCP connect timeout (`tcp.connectTimeout`; the sidecar's
-    /// `--connect-timeout` when the rule sets none).
-    pub connect_timeout: Duration,
-    /// Idle connections older than this are closed (`http.idleTimeout`).
-    pub idle_timeout: Duration,
-    /// Requests a connection carries before it is closed; 0 is unlimited
-    /// (`http.maxRequestsPerConnection`; 1 disables keep-alive).
-    pub max_requests_per_connection: u32,
-    /// Milliseconds a connection lives at most; 0 is unlimited
-    /// (`tcp.maxConnectionDuration`). An older one is closed when its
-    /// request is done, as Envoy drains an HTTP/1.1 connection.
-    pub max_connection_ms: u64,
-    /// Requests one HTTP/2 connection carries at once at most; 0 is
-    /// unlimited (`http.maxConcurrentStreams`).
-    pub max_streams: u32,
-}
-
-/// Why a request could not be sent.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    /// The TCP connection was refused or failed.
-    #[error(transparent)]
-    Connect(std::io::Error),
-    /// The TCP connection did not complete in time.
-    #[error("connect timed out after {0:?}")]
-    ConnectTimeout(Duration),
-    /// The request failed on an established connection (reset, closed, bad response).
-    #[error(transparent)]
-    Request(h1::Error),
-    /// The request failed on an established HTTP/2 connection.
-    #[error(transparent)]
-    H2(hyper::Error),
-    /// A streamed request body was sent on an earlier attempt and was too
-    /// long to keep: there is nothing to send again.
-    #[error("request body already sent")]
-    BodySent,
-}
-
-impl UpstreamError {
-    /// True when no connection could be made: the request never reached the endpoint.
-    pub fn is_connect(&self) -> bool {
-        matches!(
-            self,
-            UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_)
-        )
-    }
-
-    /// True when the endpoint refused the request's HTTP/2 stream: it did
-    /// not process it, so even a non-idempotent request may go elsewhere.
-    pub fn is_refused_stream(&self) -> bool {
-        matches!(self, UpstreamError::H2(e) if crate::h2::refused_stream(e))
-    }
-}
-
-thread_local! {
-    /// Which event loop this thread runs (see [`set_event_loop`]).
-    static EVENT_LOOP: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
-}
-
-/// How many event loops there are; pools made from now on keep a stack per
-/// loop. Set once at startup, before any endpoint exists.
-static EVENT_LOOPS: AtomicUsize = AtomicUsize::new(1);
-
-/// Sets how many event loops serve requests (see [`EVENT_LOOPS`]).
-pub fn set_event_loops(n: usize) {
-    EVENT_LOOPS.store(n.clamp(1, u16::MAX as usize), Ordering::Relaxed);
-}
-
-/// Names the event loop of this thread. A connection's I/O runs on the loop
-/// that opened it, so a request prefers an idle connection of its own loop:
-/// no cross-thread wake-up per request.
-pub fn set_event_loop(n: u16) {
-    EVENT_LOOP.with(|l| l.set(n));
-}
-
-pub(crate) fn event_loop() -> u16 {
-    EVENT_LOOP.with(|l| l.get())
-}
 
 struct Idle {
     conn: Conn,
@@ -179,6 +90,16 @@ impl std::fmt::Debug for ConnPool {
         f.debug_struct("ConnPool")
             .field("open", &self.open.load(Ordering::Relaxed))
             .finish()
+    }
+}
+
+/// A response body on a pooled HTTP/1.1 connection, which goes back to the
+/// pool once the body is read to the end.
+pub type H1Body = h1::ResponseBody<Lease>;
+
+impl h1::Lent for Lease {
+    fn conn(&mut self) -> &mut Conn {
+        &mut self.conn
     }
 }
 
@@ -275,7 +196,7 @@ impl ConnPool {
         addr: SocketAddr,
         settings: &PoolSettings,
         out: &mut h1::Outgoing,
-    ) -> Result<Response<h1::ResponseBody>, UpstreamError> {
+    ) -> Result<Response<H1Body>, UpstreamError> {
         let (mut conn, mut uses, mut born_ms, mut owner, mut reused) = match self.take(settings) {
             Some(idle) => (idle.conn, idle.uses, idle.born_ms, idle.owner, true),
             // Boxed: dialing is rare with keep-alive, and the dial's
@@ -328,24 +249,10 @@ impl ConnPool {
     }
 }
 
-/// Closes expired idle connections of every endpoint, once a second.
-pub async fn sweep_forever(routing: Arc<arc_swap::ArcSwap<crate::routing::Routing>>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let routing = routing.load();
-        for c in routing.clusters.values() {
-            for e in c.balancer.endpoints() {
-                e.pool.sweep(&c.pool);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 

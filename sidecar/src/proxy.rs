@@ -1,6 +1,6 @@
 //! Forwarding: a request routed to a cluster, its endpoint picked, and its
 //! attempts made until one answers or the retries are spent. The listeners
-//! that hand requests to it are [`crate::listener`]'s.
+//! that hand requests to it are in `listener.rs`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -40,9 +40,7 @@ use crate::outlier::{self, Outcome};
 use crate::retry::{self, Attempted, GRPC_STATUS};
 pub use attempt::Upstream;
 
-/// Request bodies up to this size are buffered so that a retry can resend
-/// them; larger or unknown-length bodies stream through without retries.
-pub const MAX_BUFFERED_BODY: u64 = 64 * 1024;
+pub use crate::pool::MAX_BUFFERED_BODY;
 /// Base of the backoff before a retry on the same endpoint (Istio's 25 ms).
 const RETRY_BACKOFF: Duration = Duration::from_millis(25);
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use super::UpstreamBody;
 use super::*;
-use crate::pool::UpstreamBody;
 
 /// splitmix64: small, fast, and the same sequence everywhere.
 struct Rng(u64);

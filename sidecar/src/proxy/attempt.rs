@@ -7,7 +7,7 @@ use super::*;
 /// A response body from the endpoint, by the HTTP version it came in.
 pub enum Upstream {
     /// Read from a pooled HTTP/1.1 connection.
-    H1(crate::h1::ResponseBody),
+    H1(crate::pool::H1Body),
     /// A stream of a shared HTTP/2 connection.
     H2(crate::h2::ResponseBody),
 }
