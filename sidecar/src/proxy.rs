@@ -532,7 +532,9 @@ fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome
         return;
     };
     let all = cluster.balancer.endpoints().iter().map(|e| &e.outlier);
-    let now = crate::clock::precise_ms();
+    // The coarse clock, which every request advances: no clock call per
+    // attempt (ejections are seconds long).
+    let now = crate::clock::now_ms();
     if let Some(e) = outlier::count(od, all, &ep.outlier, outcome, now) {
         info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = e.ms, times = e.times, ?outcome, "endpoint ejected by outlier detection");
     }
