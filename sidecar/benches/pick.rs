@@ -5,11 +5,11 @@
 
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use minimesh_sidecar::balance::{Balancer, Policy};
+use minimesh_sidecar::balance::Policy;
 use minimesh_sidecar::endpoint::EndpointState;
+use minimesh_sidecar::routing::Balancer;
 
 const PICKS: u32 = 2_000_000;
 
@@ -18,8 +18,11 @@ fn balancer(policy: Policy, n: usize, weighted: bool) -> Balancer {
         .map(|i| {
             let addr = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 9090));
             let e = EndpointState::new(addr, format!("pod-{i}"));
-            // Some load, so that least-request compares real numbers.
-            e.active.store((i % 7) as u32, Ordering::Relaxed);
+            // Some load, so that least-request compares real numbers:
+            // requests started and never ended.
+            for _ in 0..i % 7 {
+                std::mem::forget(e.start());
+            }
             let w = if weighted { 1 + (i % 6) as u32 } else { 1 };
             (e, w)
         })
@@ -29,6 +32,7 @@ fn balancer(policy: Policy, n: usize, weighted: bool) -> Balancer {
 
 fn ns_per_pick(b: &Balancer) -> f64 {
     let mut best = f64::MAX;
+    let now_ms = minimesh_sidecar::clock::now_ms();
     for _ in 0..5 {
         let start = Instant::now();
         for i in 0..PICKS {
@@ -37,6 +41,7 @@ fn ns_per_pick(b: &Balancer) -> f64 {
                     0x9e37_79b9_7f4a_7c15u64.wrapping_mul(u64::from(i)),
                 )),
                 None,
+                black_box(now_ms),
             ));
         }
         best = best.min(start.elapsed().as_nanos() as f64 / f64::from(PICKS));

@@ -112,12 +112,12 @@ fn config(admin: &Admin) -> serde_json::Value {
                     json!({
                         "address": e.addr.to_string(),
                         "pod": e.pod,
-                        "active": e.active.load(Ordering::Relaxed),
-                        "connections": e.pool.open.load(Ordering::Relaxed),
+                        "active": e.active(),
+                        "connections": e.pool().open_connections(),
                         "failing": e.is_failing(),
                         "ejected": e.is_ejected(),
-                        "health_check_failing": e.hc_unhealthy.load(Ordering::Relaxed),
-                        "requests": e.counters.issued.load(Ordering::Relaxed),
+                        "health_check_failing": e.is_health_check_failing(),
+                        "requests": e.counters().issued(),
                     })
                 })
                 .collect();

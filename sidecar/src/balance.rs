@@ -1,7 +1,14 @@
 //! Endpoint picking. A [`Balancer`] is built off the request path whenever a
 //! cluster's endpoints or policy change (schedules, alias tables), and a pick
 //! is then a few atomic loads and arithmetic: no lock, no allocation.
+//!
+//! Balancers know an endpoint only through [`Endpoint`] (its load, whether
+//! it is skipped, when it joined, its latency estimate) and the time only as
+//! the `now_ms` a pick is given: nothing here opens a socket or reads a
+//! clock, so every policy is tested on plain values.
 
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod least_request;
 pub mod maglev;
 pub mod peak_ewma;
@@ -12,13 +19,30 @@ pub mod round_robin;
 pub mod weighted;
 pub mod xxhash;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::endpoint::EndpointState;
-
 /// The policies (one type with the control plane's).
 pub use minimesh_proto::Policy;
+
+/// What a balancer reads of an endpoint.
+pub trait Endpoint {
+    /// Its address (the hash policies' key).
+    fn addr(&self) -> SocketAddr;
+    /// Requests in flight.
+    fn active(&self) -> u32;
+    /// Skipped at `now_ms`: backing off after a failure, ejected, or
+    /// failing its health check.
+    fn is_failing(&self, now_ms: u64) -> bool;
+    /// When its backoff ends (when every endpoint is skipped, the one whose
+    /// backoff ends first is tried).
+    fn backoff_until_ms(&self) -> u64;
+    /// When it joined its cluster, for slow start; 0: present from the start.
+    fn joined_ms(&self) -> u64;
+    /// PEAK_EWMA's estimate of its round-trip time.
+    fn rtt(&self) -> &peak_ewma::Ewma;
+}
 
 enum Picker {
     RoundRobin(round_robin::RoundRobin),
@@ -83,14 +107,14 @@ pub struct Warmup {
 }
 
 /// The endpoints of a cluster that may receive traffic, and how to pick one.
-pub struct Balancer {
-    endpoints: Vec<Arc<EndpointState>>,
+pub struct Balancer<E> {
+    endpoints: Vec<Arc<E>>,
     picker: Picker,
     /// What the hash table was built from (hash policies only).
     table_key: Option<TableKey>,
     policy: Policy,
     warmup: Option<Warmup>,
-    zones: Option<Box<Zones>>,
+    zones: Option<Box<Zones<E>>>,
 }
 
 /// Shares in [`Zones`] are out of this.
@@ -105,24 +129,23 @@ const SHARE_REFRESH_MS: u64 = 20;
 /// of requests, as Envoy's overprovisioning factor, and the other zones the
 /// rest. While all local endpoints are healthy no request leaves the zone;
 /// as they fail, traffic moves out in proportion.
-struct Zones {
-    local: Balancer,
-    remote: Balancer,
+struct Zones<E> {
+    local: Balancer<E>,
+    remote: Balancer<E>,
     /// Out of [`SHARE_SCALE`].
     local_share: AtomicU32,
-    /// When `local_share` was computed ([`crate::clock::now_ms`]).
+    /// When `local_share` was computed (a pick's `now_ms`).
     computed_ms: AtomicU64,
 }
 
-impl Zones {
+impl<E: Endpoint> Zones<E> {
     #[inline]
-    fn share(&self) -> u32 {
-        let now = crate::clock::now_ms();
+    fn share(&self, now: u64) -> u32 {
         if now.saturating_sub(self.computed_ms.load(Ordering::Relaxed)) < SHARE_REFRESH_MS {
             return self.local_share.load(Ordering::Relaxed);
         }
         let eps = &self.local.endpoints;
-        let healthy = eps.iter().filter(|e| !e.is_failing()).count() as u64;
+        let healthy = eps.iter().filter(|e| !e.is_failing(now)).count() as u64;
         let share = (healthy * 140 * SHARE_SCALE as u64 / (eps.len().max(1) as u64 * 100))
             .min(SHARE_SCALE as u64) as u32;
         self.local_share.store(share, Ordering::Relaxed);
@@ -137,33 +160,25 @@ impl Zones {
     /// marked failing and the share not yet recomputed, and retries that
     /// stayed in it could all land on dead endpoints.
     #[inline]
-    fn pick(
-        &self,
-        hash: Option<u64>,
-        avoid: Option<&Arc<EndpointState>>,
-    ) -> Option<&Arc<EndpointState>> {
+    fn pick(&self, hash: Option<u64>, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
         let local = match avoid {
             Some(a) if self.local.endpoints.iter().any(|e| Arc::ptr_eq(e, a)) => false,
             _ => {
-                let share = self.share();
+                let share = self.share(now_ms);
                 share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share)
             }
         };
         let side = if local { &self.local } else { &self.remote };
-        side.pick(hash, avoid)
-            .filter(|e| !e.is_failing() && !avoid.is_some_and(|a| Arc::ptr_eq(a, e)))
+        side.pick(hash, avoid, now_ms)
+            .filter(|e| !e.is_failing(now_ms) && !avoid.is_some_and(|a| Arc::ptr_eq(a, e)))
     }
 }
 
-impl Balancer {
+impl<E: Endpoint> Balancer<E> {
     /// Builds a balancer over `(endpoint, weight)` pairs (weights >= 1).
     /// `table_size` is the minimum ring size (ring hash) or table size
     /// (Maglev); 0 takes Envoy's defaults (1024, 65537).
-    pub fn new(
-        policy: Policy,
-        table_size: u64,
-        endpoints: Vec<(Arc<EndpointState>, u32)>,
-    ) -> Balancer {
+    pub fn new(policy: Policy, table_size: u64, endpoints: Vec<(Arc<E>, u32)>) -> Self {
         Balancer::reusing(policy, table_size, endpoints, &[])
     }
 
@@ -173,11 +188,11 @@ impl Balancer {
     pub fn reusing(
         policy: Policy,
         table_size: u64,
-        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        endpoints: Vec<(Arc<E>, u32)>,
         previous: &[HashTable],
-    ) -> Balancer {
+    ) -> Self {
         let weights: Vec<u32> = endpoints.iter().map(|(_, w)| (*w).max(1)).collect();
-        let endpoints: Vec<Arc<EndpointState>> = endpoints.into_iter().map(|(e, _)| e).collect();
+        let endpoints: Vec<Arc<E>> = endpoints.into_iter().map(|(e, _)| e).collect();
         let mut table_key = None;
         let picker = match policy {
             Policy::RoundRobin => Picker::RoundRobin(round_robin::RoundRobin::new(&weights)),
@@ -186,7 +201,7 @@ impl Balancer {
                 Picker::LeastRequest(least_request::LeastRequest::new(&weights))
             }
             Policy::RingHash | Policy::Maglev => {
-                let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
+                let keys: Vec<String> = endpoints.iter().map(|e| e.addr().to_string()).collect();
                 let default = if policy == Policy::RingHash {
                     1024
                 } else {
@@ -213,7 +228,7 @@ impl Balancer {
     /// policies), for the next balancer of the cluster to reuse.
     pub fn hash_tables(&self) -> Vec<HashTable> {
         let mut out = Vec::new();
-        let mut add = |b: &Balancer| {
+        let mut add = |b: &Balancer<E>| {
             let table = match &b.picker {
                 Picker::RingHash(r) => Table::Ring(r.clone()),
                 Picker::Maglev(m) => Table::Maglev(m.clone()),
@@ -243,10 +258,10 @@ impl Balancer {
     pub fn zoned(
         policy: Policy,
         table_size: u64,
-        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        endpoints: Vec<(Arc<E>, u32)>,
         in_zone: &[bool],
         warmup: Option<Warmup>,
-    ) -> Balancer {
+    ) -> Self {
         Balancer::zoned_reusing(policy, table_size, endpoints, in_zone, warmup, &[])
     }
 
@@ -255,11 +270,11 @@ impl Balancer {
     pub fn zoned_reusing(
         policy: Policy,
         table_size: u64,
-        endpoints: Vec<(Arc<EndpointState>, u32)>,
+        endpoints: Vec<(Arc<E>, u32)>,
         in_zone: &[bool],
         warmup: Option<Warmup>,
         previous: &[HashTable],
-    ) -> Balancer {
+    ) -> Self {
         let local_count = in_zone.iter().filter(|l| **l).count();
         if local_count == 0 || local_count == endpoints.len() || in_zone.len() != endpoints.len() {
             return Balancer::reusing(policy, table_size, endpoints, previous).with_warmup(warmup);
@@ -269,7 +284,7 @@ impl Balancer {
             .cloned()
             .zip(in_zone)
             .partition(|(_, local)| **local);
-        let side = |v: Vec<((Arc<EndpointState>, u32), &bool)>| {
+        let side = |v: Vec<((Arc<E>, u32), &bool)>| {
             let eps = v.into_iter().map(|(e, _)| e).collect();
             Balancer::reusing(policy, table_size, eps, previous).with_warmup(warmup)
         };
@@ -277,7 +292,8 @@ impl Balancer {
             local: side(local),
             remote: side(remote),
             local_share: AtomicU32::new(SHARE_SCALE),
-            computed_ms: AtomicU64::new(crate::clock::now_ms()),
+            // Computed at the first pick.
+            computed_ms: AtomicU64::new(0),
         };
         let mut all = Balancer::new(Policy::Random, 0, endpoints).with_warmup(warmup);
         all.policy = policy;
@@ -286,22 +302,22 @@ impl Balancer {
     }
 
     /// The endpoints of the caller's zone, when zone failover is on.
-    pub fn local_endpoints(&self) -> Option<&[Arc<EndpointState>]> {
+    pub fn local_endpoints(&self) -> Option<&[Arc<E>]> {
         self.zones.as_ref().map(|z| z.local.endpoints.as_slice())
     }
 
     /// Enables slow start for newly joined endpoints.
-    pub fn with_warmup(mut self, warmup: Option<Warmup>) -> Balancer {
+    pub fn with_warmup(mut self, warmup: Option<Warmup>) -> Self {
         self.warmup = warmup;
         self
     }
 
     /// True when `e` may take this request under slow start.
     #[inline]
-    fn warm(&self, e: &EndpointState) -> bool {
+    fn warm(&self, e: &E, now_ms: u64) -> bool {
         let Some(w) = &self.warmup else { return true };
-        let joined = e.joined_ms.load(std::sync::atomic::Ordering::Relaxed);
-        let age = crate::clock::now_ms().saturating_sub(joined);
+        let joined = e.joined_ms();
+        let age = now_ms.saturating_sub(joined);
         if joined == 0 || age >= w.window_ms {
             return true;
         }
@@ -317,7 +333,7 @@ impl Balancer {
     }
 
     /// The endpoints, in config order.
-    pub fn endpoints(&self) -> &[Arc<EndpointState>] {
+    pub fn endpoints(&self) -> &[Arc<E>] {
         &self.endpoints
     }
 
@@ -330,15 +346,12 @@ impl Balancer {
     /// failure and `avoid` (the endpoint a retry just failed on) when any
     /// other can serve. None only when there are no endpoints. `hash` is the
     /// request's key for the hash policies; without one they pick at random
-    /// (the request is served, just not sticky).
+    /// (the request is served, just not sticky). `now_ms` is the sidecar
+    /// clock's milliseconds (its coarse `now_ms` on the request path).
     #[inline]
-    pub fn pick(
-        &self,
-        hash: Option<u64>,
-        avoid: Option<&Arc<EndpointState>>,
-    ) -> Option<&Arc<EndpointState>> {
+    pub fn pick(&self, hash: Option<u64>, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
         if let Some(z) = &self.zones {
-            if let Some(e) = z.pick(hash, avoid) {
+            if let Some(e) = z.pick(hash, avoid, now_ms) {
                 return Some(e);
             }
         }
@@ -347,26 +360,26 @@ impl Balancer {
             return None;
         }
         let usable =
-            |e: &Arc<EndpointState>| !e.is_failing() && !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
+            |e: &Arc<E>| !e.is_failing(now_ms) && !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
         let mut first = None;
         for step in 0..3 {
-            let i = self.pick_index(hash, step);
+            let i = self.pick_index(hash, step, now_ms);
             let e = &self.endpoints[i];
-            if usable(e) && self.warm(e) {
+            if usable(e) && self.warm(e, now_ms) {
                 return Some(e);
             }
             first.get_or_insert(i);
         }
-        self.pick_slow(first.unwrap_or(0), avoid)
+        self.pick_slow(first.unwrap_or(0), avoid, now_ms)
     }
 
     #[inline]
-    fn pick_index(&self, hash: Option<u64>, step: usize) -> usize {
+    fn pick_index(&self, hash: Option<u64>, step: usize, now_ms: u64) -> usize {
         match (&self.picker, hash) {
             (Picker::RoundRobin(p), _) => p.pick(),
             (Picker::Random(p), _) => p.pick(),
             (Picker::LeastRequest(p), _) => p.pick(&self.endpoints),
-            (Picker::PeakEwma, _) => peak_ewma::PeakEwma::pick(&self.endpoints),
+            (Picker::PeakEwma, _) => peak_ewma::PeakEwma::pick(&self.endpoints, now_ms * 1000),
             (Picker::RingHash(r), Some(h)) => r.pick(h, step),
             (Picker::Maglev(m), Some(h)) => m.pick(h, step),
             (Picker::RingHash(_) | Picker::Maglev(_), None) => rng::below(self.endpoints.len()),
@@ -374,215 +387,24 @@ impl Balancer {
     }
 
     #[cold]
-    fn pick_slow(
-        &self,
-        fallback: usize,
-        avoid: Option<&Arc<EndpointState>>,
-    ) -> Option<&Arc<EndpointState>> {
+    fn pick_slow(&self, fallback: usize, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
         let n = self.endpoints.len();
         let start = rng::below(n);
-        let not_avoided = |e: &&Arc<EndpointState>| !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
+        let not_avoided = |e: &&Arc<E>| !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
         let rotated = || (0..n).map(|k| &self.endpoints[(start + k) % n]);
         rotated()
             .filter(not_avoided)
-            .find(|e| !e.is_failing())
+            .find(|e| !e.is_failing(now_ms))
             // Every endpoint is failing: try the one failing the shortest
             // rather than fail the request without trying (panic mode).
             .or_else(|| {
                 rotated()
                     .filter(not_avoided)
-                    .min_by_key(|e| e.fail_until_ms.load(std::sync::atomic::Ordering::Relaxed))
+                    .min_by_key(|e| e.backoff_until_ms())
             })
             .or(Some(&self.endpoints[fallback]))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::SocketAddr;
-    use std::time::Duration;
-
-    fn eps(n: u8) -> Vec<(Arc<EndpointState>, u32)> {
-        eps_in(0, n)
-    }
-
-    /// `n` endpoints in 10.`net`.0.0/24.
-    fn eps_in(net: u8, n: u8) -> Vec<(Arc<EndpointState>, u32)> {
-        (1..=n)
-            .map(|i| {
-                (
-                    EndpointState::new(SocketAddr::from(([10, net, 0, i], 9090)), format!("p{i}")),
-                    1,
-                )
-            })
-            .collect()
-    }
-
-    fn table(b: &Balancer) -> *const () {
-        // The picker's table, by address (tables are shared by clones).
-        match &b.picker {
-            Picker::RingHash(r) => r.id(),
-            Picker::Maglev(m) => m.id(),
-            _ => std::ptr::null(),
-        }
-    }
-
-    #[test]
-    fn a_hash_table_is_reused_from_the_previous_balancer_built_from_the_same() {
-        for (policy, size) in [(Policy::Maglev, 65537), (Policy::RingHash, 1024)] {
-            let a = eps(3);
-            let first = Balancer::new(policy, size, a.clone());
-            let previous = first.hash_tables();
-            assert_eq!(previous.len(), 1);
-            // A config update rebuilding the balancer over the same endpoints
-            // takes the table, and picks as the first.
-            let again = Balancer::reusing(policy, size, a.clone(), &previous);
-            assert_eq!(table(&first), table(&again), "{policy:?}");
-            assert_eq!(owners(&first, 100), owners(&again, 100));
-            // Another weight, size or endpoint set builds its own.
-            let mut heavier = a.clone();
-            heavier[0].1 = 2;
-            let other = |eps, size| table(&Balancer::reusing(policy, size, eps, &previous));
-            assert_ne!(other(heavier, size), table(&first));
-            assert_ne!(other(a.clone(), size + 2), table(&first));
-            assert_ne!(other(eps(4), size), table(&first));
-            // Without a previous balancer, nothing is shared: another
-            // cluster over the same endpoints has a table of its own.
-            assert_ne!(
-                table(&Balancer::new(policy, size, a.clone())),
-                table(&first)
-            );
-            // A zoned balancer hands on both sides' tables.
-            let zoned = Balancer::zoned(policy, size, eps(4), &[true, true, false, false], None);
-            assert_eq!(zoned.hash_tables().len(), 2);
-        }
-        assert!(Balancer::new(Policy::RoundRobin, 0, eps(3))
-            .hash_tables()
-            .is_empty());
-    }
-
-    fn owners(b: &Balancer, keys: u64) -> Vec<SocketAddr> {
-        (0..keys)
-            .map(|k| {
-                b.pick(Some(xxhash::xxh64(format!("user-{k}").as_bytes(), 0)), None)
-                    .map(|e| e.addr)
-                    .expect("endpoint")
-            })
-            .collect()
-    }
-
-    #[test]
-    fn hash_policies_spread_keys_and_remap_little_when_an_endpoint_goes() {
-        for policy in [Policy::RingHash, Policy::Maglev] {
-            let all = eps(5);
-            let before = owners(&Balancer::new(policy, 0, all.clone()), 10_000);
-            let removed = all[2].0.addr;
-            let rest: Vec<_> = all.into_iter().filter(|(e, _)| e.addr != removed).collect();
-            let after = owners(&Balancer::new(policy, 0, rest), 10_000);
-            let survivors = before.iter().filter(|a| **a != removed).count();
-            let kept = before
-                .iter()
-                .zip(&after)
-                .filter(|(b, a)| **b != removed && b == a)
-                .count();
-            let fraction = kept as f64 / survivors as f64;
-            println!(
-                "{}: {:.4} of surviving endpoints' keys stayed",
-                policy.as_str(),
-                fraction
-            );
-            match policy {
-                Policy::RingHash => assert_eq!(kept, survivors),
-                _ => assert!(fraction > 0.95, "{fraction}"),
-            }
-            // Even spread: 1,000 keys over 3 endpoints, each within ±20% of a third.
-            let three = owners(&Balancer::new(policy, 0, eps(3)), 1000);
-            for e in eps(3) {
-                let share = three.iter().filter(|a| **a == e.0.addr).count() as f64 / 1000.0;
-                assert!(
-                    (share - 1.0 / 3.0).abs() < 0.2 / 3.0,
-                    "{}: {share}",
-                    policy.as_str()
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
-        use std::collections::HashMap;
-        let all = eps(4);
-        let in_zone = [true, true, false, false];
-        let b = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &in_zone, None);
-        assert_eq!(b.local_endpoints().map(<[_]>::len), Some(2));
-        let count = |b: &Balancer, avoid: Option<&Arc<EndpointState>>| {
-            let mut n: HashMap<SocketAddr, u32> = HashMap::new();
-            for _ in 0..10_000 {
-                *n.entry(b.pick(None, avoid).expect("endpoint").addr)
-                    .or_default() += 1;
-            }
-            let get = |i: usize| n.get(&all[i].0.addr).copied().unwrap_or(0);
-            [get(0), get(1), get(2), get(3)]
-        };
-        let settle = || {
-            std::thread::sleep(Duration::from_millis(SHARE_REFRESH_MS + 5));
-            crate::clock::tick();
-        };
-        // All healthy: the zone takes everything, round robin within it.
-        assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
-        // A retry after a failure in the zone leaves it; one after a failure
-        // elsewhere follows the share.
-        assert_eq!(count(&b, Some(&all[0].0)), [0, 0, 5000, 5000]);
-        assert_eq!(count(&b, Some(&all[2].0)), [5000, 5000, 0, 0]);
-        // Half the zone ejected: it keeps 1.4 x 0.5 = 70%, the rest spills.
-        let far = crate::clock::now_ms() + 1_000_000;
-        all[0].0.outlier.eject_until(far);
-        settle();
-        let [a, l, r1, r2] = count(&b, None);
-        assert_eq!(a, 0, "an ejected endpoint takes nothing");
-        assert!(
-            (6700..=7300).contains(&l),
-            "{l} of 10000 stayed in the zone"
-        );
-        assert_eq!(l + r1 + r2, 10_000);
-        assert!(
-            r1.abs_diff(r2) <= 1,
-            "round robin over the other zone: {r1} {r2}"
-        );
-        // The whole zone ejected: everything goes to the other zone.
-        all[1].0.outlier.eject_until(far);
-        settle();
-        assert_eq!(count(&b, None), [0, 0, 5000, 5000]);
-        // Recovered: back home.
-        all[0].0.outlier.eject_until(0);
-        all[1].0.outlier.eject_until(0);
-        settle();
-        assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
-        // No endpoint in the caller's zone, or all of them: no split.
-        let none = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &[false; 4], None);
-        assert!(none.local_endpoints().is_none());
-        let hash = Balancer::zoned(Policy::Maglev, 0, all.clone(), &in_zone, None);
-        assert!(hash.needs_hash());
-        let owners: std::collections::HashSet<_> = (0..1000u64)
-            .map(|k| {
-                hash.pick(Some(xxhash::xxh64(&k.to_le_bytes(), 0)), None)
-                    .expect("endpoint")
-                    .addr
-            })
-            .collect();
-        assert_eq!(owners, [all[0].0.addr, all[1].0.addr].into_iter().collect());
-    }
-
-    #[test]
-    fn hash_policies_honour_weights() {
-        for policy in [Policy::RingHash, Policy::Maglev] {
-            let mut e = eps(2);
-            e[0].1 = 3;
-            let b = Balancer::new(policy, 0, e.clone());
-            let o = owners(&b, 20_000);
-            let share = o.iter().filter(|a| **a == e[0].0.addr).count() as f64 / 20_000.0;
-            assert!((share - 0.75).abs() < 0.05, "{}: {share}", policy.as_str());
-        }
-    }
-}
+mod tests;

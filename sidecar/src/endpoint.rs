@@ -1,12 +1,15 @@
 //! Per-endpoint state shared by every request and kept across config
-//! updates: active requests, passive failure marks and counters, all atomics.
+//! updates: active requests, passive failure marks and counters, all atomics
+//! behind methods. The balancers see it only through [`Endpoint`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::HeaderValue;
 
+use crate::balance::peak_ewma::Ewma;
+use crate::balance::Endpoint;
 use crate::clock;
 
 /// How long an endpoint that refused a connection is skipped, doubling on
@@ -17,33 +20,82 @@ pub const BASE_BACKOFF_MS: u64 = 250;
 /// Upper bound of the failure backoff.
 pub const MAX_BACKOFF_MS: u64 = 10_000;
 
-/// Counters exported per endpoint (and later reported to the control plane).
+/// Counters exported per endpoint (and reported to the control plane):
+/// written by the request path through its methods, read by the metrics
+/// collector and the load reporter.
 #[derive(Debug)]
 pub struct Counters {
     /// Requests sent.
-    pub issued: AtomicU64,
+    issued: AtomicU64,
     /// Responses with a status below 500.
-    pub succeeded: AtomicU64,
+    succeeded: AtomicU64,
     /// 5xx responses and transport failures.
-    pub failed: AtomicU64,
+    failed: AtomicU64,
     /// Connect failures.
-    pub connect_failures: AtomicU64,
+    connect_failures: AtomicU64,
     /// Sum of latencies in microseconds.
-    pub latency_us_sum: AtomicU64,
+    latency_us_sum: AtomicU64,
     /// Latency to response headers, microseconds (Prometheus).
-    pub latency_us: crate::histogram::Histogram<13>,
+    latency_us: crate::histogram::Histogram<13>,
     /// Latency to response headers, fine buckets (load reports).
-    pub latency_fine: crate::histogram::Fine,
+    latency_fine: crate::histogram::Fine,
 }
 
 impl Counters {
-    /// Records a response's latency, in microseconds, everywhere it is
-    /// counted.
+    /// Counts a response that reached the caller: its latency to headers,
+    /// in microseconds, and whether it was a server error.
     #[inline]
-    pub fn observe_latency(&self, us: u64) {
-        self.latency_us_sum.fetch_add(us, Ordering::Relaxed);
-        self.latency_us.observe(us);
-        self.latency_fine.observe(us);
+    pub fn count_response(&self, server_error: bool, latency_us: u64) {
+        self.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
+        self.latency_us.observe(latency_us);
+        self.latency_fine.observe(latency_us);
+        if server_error {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.succeeded.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts an attempt that failed (a transport failure, or a response
+    /// that was retried elsewhere).
+    #[inline]
+    pub fn count_failure(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests sent.
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+
+    /// Responses under 500.
+    pub fn succeeded(&self) -> u64 {
+        self.succeeded.load(Ordering::Relaxed)
+    }
+
+    /// 5xx responses and failed attempts.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Refused or failed connections.
+    pub fn connect_failures(&self) -> u64 {
+        self.connect_failures.load(Ordering::Relaxed)
+    }
+
+    /// Sum of the counted responses' latencies, microseconds.
+    pub fn latency_sum_us(&self) -> u64 {
+        self.latency_us_sum.load(Ordering::Relaxed)
+    }
+
+    /// The latency histogram exported to Prometheus.
+    pub fn latency_histogram(&self) -> &crate::histogram::Histogram<13> {
+        &self.latency_us
+    }
+
+    /// The fine latency histogram load reports drain.
+    pub fn latency_fine(&self) -> &crate::histogram::Fine {
+        &self.latency_fine
     }
 }
 
@@ -63,7 +115,9 @@ impl Default for Counters {
     }
 }
 
-/// One endpoint of one cluster.
+/// One endpoint of one cluster. Its identity is plain data; everything that
+/// changes (load, backoff, health, outlier state, latency estimate, pool) is
+/// behind methods, each kind written by one module.
 #[derive(Debug)]
 pub struct EndpointState {
     /// Where it listens.
@@ -75,34 +129,41 @@ pub struct EndpointState {
     /// Pod name, for metrics and debugging.
     pub pod: String,
     /// Requests in flight.
-    pub active: AtomicU32,
+    active: AtomicU32,
     /// Consecutive connect failures.
-    pub consecutive_failures: AtomicU32,
+    consecutive_failures: AtomicU32,
     /// Skip until this [`clock::now_ms`] value.
-    pub fail_until_ms: AtomicU64,
-    /// Counters.
-    pub counters: Counters,
+    fail_until_ms: AtomicU64,
+    counters: Counters,
     /// Outlier detection's counts and ejection ([`crate::outlier`]).
-    pub outlier: crate::outlier::State,
+    outlier: crate::outlier::State,
     /// When the endpoint joined its cluster ([`clock::precise_ms`]); 0 for
     /// endpoints present when the sidecar first heard of the cluster (no
     /// slow start at startup).
-    pub joined_ms: AtomicU64,
+    joined_ms: AtomicU64,
     /// Failing its active health check.
-    pub hc_unhealthy: std::sync::atomic::AtomicBool,
+    hc_unhealthy: AtomicBool,
     /// Consecutive health-check outcomes that disagree with the current state.
-    pub hc_streak: AtomicU32,
-    /// PEAK_EWMA round-trip estimate in microseconds (f64 bits; 0 = no sample).
-    pub ewma_rtt_us: AtomicU64,
-    /// When `ewma_rtt_us` was last updated ([`clock::now_ms`] × 1000).
-    pub ewma_stamp_us: AtomicU64,
+    hc_streak: AtomicU32,
+    /// PEAK_EWMA's latency estimate.
+    rtt: Ewma,
     /// Upstream connections to this endpoint; closed when it leaves every cluster.
-    pub pool: crate::pool::ConnPool,
+    pool: crate::pool::ConnPool,
 }
 
 impl EndpointState {
-    /// New state for `addr`.
+    /// New state for `addr`, joined now (slow start applies).
     pub fn new(addr: SocketAddr, pod: String) -> Arc<Self> {
+        Self::joined_at(addr, pod, clock::precise_ms())
+    }
+
+    /// New state for an endpoint present when its cluster first arrived:
+    /// no slow start.
+    pub fn present_from_start(addr: SocketAddr, pod: String) -> Arc<Self> {
+        Self::joined_at(addr, pod, 0)
+    }
+
+    fn joined_at(addr: SocketAddr, pod: String, joined_ms: u64) -> Arc<Self> {
         let text = addr.to_string();
         Arc::new(EndpointState {
             addr,
@@ -115,27 +176,73 @@ impl EndpointState {
             fail_until_ms: AtomicU64::new(0),
             counters: Counters::default(),
             outlier: Default::default(),
-            joined_ms: AtomicU64::new(clock::precise_ms()),
-            hc_unhealthy: std::sync::atomic::AtomicBool::new(false),
+            joined_ms: AtomicU64::new(joined_ms),
+            hc_unhealthy: AtomicBool::new(false),
             hc_streak: AtomicU32::new(0),
-            ewma_rtt_us: AtomicU64::new(0),
-            ewma_stamp_us: AtomicU64::new(0),
+            rtt: Ewma::default(),
             pool: Default::default(),
         })
     }
 
-    /// True while the endpoint is backing off after a connect failure.
+    /// Its counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Its outlier-detection state ([`crate::outlier`] counts into it).
+    pub fn outlier(&self) -> &crate::outlier::State {
+        &self.outlier
+    }
+
+    /// Its upstream connections.
+    pub fn pool(&self) -> &crate::pool::ConnPool {
+        &self.pool
+    }
+
+    /// True while the endpoint is skipped: backing off after a connect
+    /// failure, ejected, or failing its health check.
     #[inline]
     pub fn is_failing(&self) -> bool {
-        let now = clock::now_ms();
-        self.fail_until_ms.load(Ordering::Relaxed) > now
-            || self.outlier.is_ejected(now)
-            || self.hc_unhealthy.load(Ordering::Relaxed)
+        Endpoint::is_failing(self, clock::now_ms())
     }
 
     /// True while ejected by outlier detection.
     pub fn is_ejected(&self) -> bool {
         self.outlier.is_ejected(clock::now_ms())
+    }
+
+    /// True while failing its active health check.
+    pub fn is_health_check_failing(&self) -> bool {
+        self.hc_unhealthy.load(Ordering::Relaxed)
+    }
+
+    /// Records one active health check's outcome; the endpoint changes state
+    /// after `threshold(currently_failing)` outcomes in a row that disagree
+    /// with it. Returns the new state (true: failing) when it changed.
+    pub fn record_health_check(
+        &self,
+        ok: bool,
+        threshold: impl FnOnce(bool) -> u32,
+    ) -> Option<bool> {
+        let failing = self.hc_unhealthy.load(Ordering::Relaxed);
+        if ok != failing {
+            // The outcome agrees with the current state.
+            self.hc_streak.store(0, Ordering::Relaxed);
+            return None;
+        }
+        let streak = self.hc_streak.fetch_add(1, Ordering::Relaxed) + 1;
+        if streak < threshold(failing).max(1) {
+            return None;
+        }
+        self.hc_unhealthy.store(!failing, Ordering::Relaxed);
+        self.hc_streak.store(0, Ordering::Relaxed);
+        Some(!failing)
+    }
+
+    /// Folds a response's round-trip time into PEAK_EWMA's estimate.
+    #[inline]
+    pub fn observe_rtt(&self, rtt_us: f64, now_us: u64) {
+        self.rtt.observe(rtt_us, now_us);
     }
 
     /// Records a refused connection (or an attempt that timed out): the
@@ -175,12 +282,52 @@ impl EndpointState {
         }
     }
 
+    /// Requests in flight.
+    #[inline]
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Relaxed)
+    }
+
     /// Counts a request in flight until the guard is dropped.
     #[inline]
     pub fn start(self: &Arc<Self>) -> ActiveGuard {
         self.active.fetch_add(1, Ordering::Relaxed);
         self.counters.issued.fetch_add(1, Ordering::Relaxed);
         ActiveGuard(self.clone())
+    }
+}
+
+impl Endpoint for EndpointState {
+    #[inline]
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    #[inline]
+    fn active(&self) -> u32 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn is_failing(&self, now_ms: u64) -> bool {
+        self.fail_until_ms.load(Ordering::Relaxed) > now_ms
+            || self.outlier.is_ejected(now_ms)
+            || self.hc_unhealthy.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn backoff_until_ms(&self) -> u64 {
+        self.fail_until_ms.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn joined_ms(&self) -> u64 {
+        self.joined_ms.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn rtt(&self) -> &Ewma {
+        &self.rtt
     }
 }
 

@@ -5,7 +5,6 @@
 //! blacks a cluster out while the first probes run.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -218,22 +217,15 @@ fn grpc_serving(body: &[u8]) -> bool {
 }
 
 fn record(cluster: &str, ep: &EndpointState, ok: bool, hc: &HealthCheck) {
-    let unhealthy = ep.hc_unhealthy.load(Ordering::Relaxed);
-    if ok != unhealthy {
-        // The outcome agrees with the current state.
-        ep.hc_streak.store(0, Ordering::Relaxed);
-        return;
-    }
-    let streak = ep.hc_streak.fetch_add(1, Ordering::Relaxed) + 1;
-    let threshold = if unhealthy {
-        hc.healthy_threshold
-    } else {
-        hc.unhealthy_threshold
+    let threshold = |failing| {
+        if failing {
+            hc.healthy_threshold
+        } else {
+            hc.unhealthy_threshold
+        }
     };
-    if streak >= threshold.max(1) {
-        ep.hc_unhealthy.store(!unhealthy, Ordering::Relaxed);
-        ep.hc_streak.store(0, Ordering::Relaxed);
-        info!(cluster, endpoint = %ep.addr, healthy = unhealthy, "health check changed the endpoint's state");
+    if let Some(failing) = ep.record_health_check(ok, threshold) {
+        info!(cluster, endpoint = %ep.addr, healthy = !failing, "health check changed the endpoint's state");
     }
 }
 

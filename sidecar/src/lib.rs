@@ -34,9 +34,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::balance::{Balancer, Policy};
+use crate::balance::Policy;
 use crate::endpoint::EndpointState;
 use crate::proxy::Proxy;
+use crate::routing::Balancer;
 use crate::routing::{ClusterHandle, HostAliases, Routing};
 
 /// Command-line flags of the `sidecar` binary.
@@ -176,7 +177,7 @@ async fn sweep_pools_forever(routing: Arc<ArcSwap<Routing>>) {
         let routing = routing.load();
         for c in routing.clusters.values() {
             for e in c.balancer.endpoints() {
-                e.pool.sweep(&c.pool);
+                e.pool().sweep(&c.pool);
             }
         }
     }

@@ -60,7 +60,7 @@ const ENDPOINT_SERIES: [(&str, &str, MetricType, EndpointValue); 6] = [
         "minimesh_endpoint_connections",
         "Upstream connections open to the endpoint (busy and idle)",
         MetricType::Gauge,
-        |e| e.pool.open.load(Ordering::Relaxed) as u64,
+        |e| u64::from(e.pool().open_connections()),
     ),
     (
         "minimesh_endpoint_ejected",
@@ -72,19 +72,19 @@ const ENDPOINT_SERIES: [(&str, &str, MetricType, EndpointValue); 6] = [
         "minimesh_endpoint_requests",
         "Requests sent to the endpoint",
         MetricType::Counter,
-        |e| e.counters.issued.load(Ordering::Relaxed),
+        |e| e.counters().issued(),
     ),
     (
         "minimesh_endpoint_active_requests",
         "Requests in flight to the endpoint",
         MetricType::Gauge,
-        |e| u64::from(e.active.load(Ordering::Relaxed)),
+        |e| u64::from(e.active()),
     ),
     (
         "minimesh_endpoint_connect_failures",
         "Refused or failed connections",
         MetricType::Counter,
-        |e| e.counters.connect_failures.load(Ordering::Relaxed),
+        |e| e.counters().connect_failures(),
     ),
     (
         "minimesh_endpoint_failing",
@@ -137,8 +137,8 @@ impl Collector for ProxyMetrics {
         for (cluster, e) in endpoints() {
             let [c, ep, pod] = endpoint_labels(cluster, e);
             for (outcome, n) in [
-                ("success", &e.counters.succeeded),
-                ("failure", &e.counters.failed),
+                ("success", e.counters().succeeded()),
+                ("failure", e.counters().failed()),
             ] {
                 let labels = [
                     c.clone(),
@@ -146,11 +146,7 @@ impl Collector for ProxyMetrics {
                     pod.clone(),
                     ("outcome", outcome.into()),
                 ];
-                value(
-                    family.encode_family(&labels)?,
-                    MetricType::Counter,
-                    n.load(Ordering::Relaxed),
-                )?;
+                value(family.encode_family(&labels)?, MetricType::Counter, n)?;
             }
         }
         let mut family = encoder.encode_descriptor(
@@ -161,7 +157,11 @@ impl Collector for ProxyMetrics {
         )?;
         for (cluster, e) in endpoints() {
             let labels = endpoint_labels(cluster, e);
-            histogram(family.encode_family(&labels)?, &e.counters.latency_us, 1e6)?;
+            histogram(
+                family.encode_family(&labels)?,
+                e.counters().latency_histogram(),
+                1e6,
+            )?;
         }
         let mut family = encoder.encode_descriptor(
             "minimesh_pick_duration_seconds",

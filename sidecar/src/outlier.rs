@@ -49,13 +49,6 @@ impl State {
         self.ejected_until_ms.load(Ordering::Relaxed)
     }
 
-    /// Ejects until `ms` or, with 0, lifts the ejection (tests of what
-    /// balancing does with ejected endpoints).
-    #[cfg(test)]
-    pub(crate) fn eject_until(&self, ms: u64) {
-        self.ejected_until_ms.store(ms, Ordering::Relaxed);
-    }
-
     /// A response under 500 resets every consecutive count; true if
     /// `outcome` was one.
     pub fn reset_on_success(&self, outcome: Outcome) -> bool {

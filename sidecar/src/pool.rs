@@ -74,7 +74,7 @@ pub struct ConnPool {
     /// Indexed by event loop.
     idle: Box<[Stack]>,
     /// Connections open now (busy and idle, HTTP/1.1 and HTTP/2).
-    pub open: Arc<AtomicU32>,
+    open: Arc<AtomicU32>,
     /// HTTP/2 connections, made on first use: most endpoints never have any.
     h2: std::sync::OnceLock<crate::h2::H2Pool>,
 }
@@ -123,10 +123,38 @@ impl ConnPool {
         }
     }
 
+    /// Connections open now (busy and idle, HTTP/1.1 and HTTP/2).
+    pub fn open_connections(&self) -> u32 {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// This endpoint's HTTP/2 connections (see [`crate::h2`]).
-    pub fn h2(&self) -> &crate::h2::H2Pool {
+    fn h2(&self) -> &crate::h2::H2Pool {
         self.h2
             .get_or_init(|| crate::h2::H2Pool::new(self.idle.len()))
+    }
+
+    /// A stream on one of the endpoint's HTTP/2 connections (made if none
+    /// has room).
+    pub async fn h2_stream(
+        &self,
+        addr: SocketAddr,
+        settings: &PoolSettings,
+    ) -> Result<crate::h2::H2Stream, UpstreamError> {
+        self.h2().stream(addr, settings, &self.open).await
+    }
+
+    /// Sends `req` on `stream` (from [`ConnPool::h2_stream`]).
+    pub async fn send_h2(
+        &self,
+        addr: SocketAddr,
+        settings: &PoolSettings,
+        stream: crate::h2::H2Stream,
+        req: http::Request<crate::h2::RequestBody>,
+    ) -> Result<http::Response<crate::h2::ResponseBody>, UpstreamError> {
+        self.h2()
+            .send(addr, settings, &self.open, stream, req)
+            .await
     }
 
     fn take(&self, settings: &PoolSettings) -> Option<Idle> {

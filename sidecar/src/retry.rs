@@ -1,8 +1,11 @@
-//! The retry budget: retries may be at most a share of requests plus a small
-//! floor per second (Linkerd's budget shape), so that a failing backend
-//! cannot multiply the load on the others. Counted per sidecar and cluster
-//! over the current and the previous one-second window (so that a window's
-//! first moments still see recent traffic), with atomics only.
+//! Retries: the decision after each attempt ([`decide`], a pure function of
+//! what the attempt came to, where the request stands and the cluster's
+//! `retryOn`), and the retry budget: retries may be at most a share of
+//! requests plus a small floor per second (Linkerd's budget shape), so that a
+//! failing backend cannot multiply the load on the others. The budget is
+//! counted per sidecar and cluster over the current and the previous
+//! one-second window (so that a window's first moments still see recent
+//! traffic), with atomics only.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -123,11 +126,73 @@ pub enum Attempted {
     Reset,
 }
 
-/// Whether an attempt that came to `outcome` is tried again on another
-/// endpoint, for a request that is `idempotent` or not, under the cluster's
-/// `retry_on` bits (the wire `RetryOn`). Whether an attempt is left (and
-/// the body can be sent again) is the caller's to check first.
-pub fn decide(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
+impl Attempted {
+    /// How a response reads, most specific first: its endpoint's sidecar
+    /// speaking for a gone app (502/503 with the mesh's error header), the
+    /// `grpc-status` of a gRPC call answered at once (HTTP/2), its status.
+    /// The first reading that [`decide`]s a retry is the one acted on.
+    pub fn readings(status: u16, headers: &HeaderMap, h2: bool) -> [Option<Attempted>; 3] {
+        let gone =
+            matches!(status, 502 | 503) && headers.contains_key(minimesh_proto::headers::ERROR);
+        [
+            gone.then(|| Attempted::AppGone {
+                status,
+                unprocessed: headers.contains_key(minimesh_proto::headers::UNPROCESSED),
+            }),
+            h2.then(|| grpc_status(headers).map(Attempted::GrpcStatus))
+                .flatten(),
+            Some(Attempted::Status(status)),
+        ]
+    }
+}
+
+/// Where a request stands when one of its attempts ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    /// Another attempt is allowed, and the body can be sent again.
+    pub left: bool,
+    /// GET, HEAD, OPTIONS, PUT, DELETE or TRACE: safe to send again after a
+    /// failure that may have reached the app.
+    pub idempotent: bool,
+}
+
+/// What follows an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Try again, on another endpoint when there is one.
+    Retry,
+    /// Stop: pass the response on, or answer the failure.
+    Stop,
+}
+
+/// What follows an attempt that came to `outcome`, for a request standing
+/// at `at`, under the cluster's `retry_on` bits (the wire `RetryOn`).
+pub fn decide(outcome: Attempted, at: Standing, retry_on: u32) -> Action {
+    if at.left && retriable(outcome, at.idempotent, retry_on) {
+        Action::Retry
+    } else {
+        Action::Stop
+    }
+}
+
+/// The reading of a response that [`decide`]s what follows it (the first
+/// of [`Attempted::readings`] that retries, else the first), and that.
+pub fn decide_response(
+    status: u16,
+    headers: &HeaderMap,
+    h2: bool,
+    at: Standing,
+    retry_on: u32,
+) -> (Attempted, Action) {
+    let readings = Attempted::readings(status, headers, h2);
+    let mut all = readings.into_iter().flatten();
+    let first = all.clone().next().unwrap_or(Attempted::Status(status));
+    all.find(|r| decide(*r, at, retry_on) == Action::Retry)
+        .map_or((first, Action::Stop), |r| (r, Action::Retry))
+}
+
+/// Whether `outcome` may be retried at all under `retry_on`.
+fn retriable(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
     let on = |c: RetryOn| retry_on & c as u32 != 0;
     match outcome {
         // A hung replica may have processed the request: idempotent only.
@@ -144,7 +209,7 @@ pub fn decide(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
         } => {
             (status == 503 && on(RetryOn::ConnectFailure) && (idempotent || unprocessed))
                 || (status == 502 && on(RetryOn::Reset) && idempotent)
-                || decide(Attempted::Status(status), idempotent, retry_on)
+                || retriable(Attempted::Status(status), idempotent, retry_on)
         }
         Attempted::Status(status) => {
             (on(RetryOn::ServerError) && (500..600).contains(&status))
@@ -171,8 +236,14 @@ pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decide, Attempted::*};
+    use super::{decide, decide_response, Action, Attempted::*, Standing};
+    use http::{HeaderMap, HeaderValue};
+    use minimesh_proto::headers;
     use minimesh_proto::retry_on::{parse, DEFAULT};
+
+    fn at(left: bool, idempotent: bool) -> Standing {
+        Standing { left, idempotent }
+    }
 
     #[test]
     fn the_retry_decision_table() {
@@ -211,11 +282,67 @@ mod tests {
             (GrpcStatus(14), false, none, false),
         ];
         for (outcome, idempotent, retry_on, want) in table {
+            let want = if want { Action::Retry } else { Action::Stop };
             assert_eq!(
-                decide(outcome, idempotent, retry_on),
+                decide(outcome, at(true, idempotent), retry_on),
                 want,
                 "{outcome:?} idempotent={idempotent} retry_on={retry_on:#b}"
             );
+            // With no attempt left (or a body that cannot go again): stop.
+            assert_eq!(
+                decide(outcome, at(false, idempotent), all),
+                Action::Stop,
+                "{outcome:?}"
+            );
         }
+    }
+
+    #[test]
+    fn a_response_is_read_most_specific_first() {
+        let default = parse(DEFAULT).expect("tokens");
+        let five = parse("5xx").expect("tokens");
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        let gone = h(&[(headers::ERROR, "app gone"), (headers::UNPROCESSED, "true")]);
+        // Its sidecar says the app never saw it: retried, any method.
+        assert_eq!(
+            decide_response(503, &gone, false, at(true, false), default),
+            (
+                AppGone {
+                    status: 503,
+                    unprocessed: true
+                },
+                Action::Retry
+            )
+        );
+        // The same from an app (no mesh header) is a plain 503.
+        assert_eq!(
+            decide_response(503, &HeaderMap::new(), false, at(true, true), default),
+            (Status(503), Action::Stop)
+        );
+        assert_eq!(
+            decide_response(503, &HeaderMap::new(), false, at(true, true), five),
+            (Status(503), Action::Retry)
+        );
+        // A gRPC call answered UNAVAILABLE at once, over HTTP/2 only.
+        let unavailable = h(&[("grpc-status", "14")]);
+        assert_eq!(
+            decide_response(200, &unavailable, true, at(true, false), default),
+            (GrpcStatus(14), Action::Retry)
+        );
+        assert_eq!(
+            decide_response(200, &unavailable, false, at(true, false), default),
+            (Status(200), Action::Stop)
+        );
+        // Nothing retries: the most specific reading, stopped.
+        assert_eq!(
+            decide_response(200, &unavailable, true, at(false, false), default),
+            (GrpcStatus(14), Action::Stop)
+        );
     }
 }

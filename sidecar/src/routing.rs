@@ -12,8 +12,11 @@ use minimesh_proto::v1::{
     Cluster, ClusterLoadAssignment, HealthStatus, Node, Route, UpstreamProtocol,
 };
 
-use crate::balance::{Balancer, Policy};
+use crate::balance::Policy;
 use crate::endpoint::EndpointState;
+
+/// A cluster's balancer, over the sidecar's endpoint states.
+pub type Balancer = crate::balance::Balancer<EndpointState>;
 use crate::pool::PoolSettings;
 
 /// What a consistent-hash cluster hashes on.
@@ -401,12 +404,12 @@ impl Resources {
                     continue;
                 };
                 let state = old.get(&addr).cloned().unwrap_or_else(|| {
-                    let s = EndpointState::new(addr, e.pod.clone());
-                    if !known_cluster {
+                    if known_cluster {
+                        EndpointState::new(addr, e.pod.clone())
+                    } else {
                         // Present when the cluster first arrived: no slow start.
-                        s.joined_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                        EndpointState::present_from_start(addr, e.pod.clone())
                     }
-                    s
                 });
                 kept.insert(addr, state.clone());
                 eps.push((state, e.weight.max(1)));
@@ -641,7 +644,9 @@ mod tests {
     /// Picks of each endpoint in 40 round-robin picks.
     fn shares(r: &Routing, service: &str) -> Vec<usize> {
         let b = &r.lookup(service).expect("routed").balancer;
-        let picks: Vec<_> = (0..40).filter_map(|_| b.pick(None, None)).collect();
+        let picks: Vec<_> = (0..40)
+            .filter_map(|_| b.pick(None, None, crate::clock::now_ms()))
+            .collect();
         b.endpoints()
             .iter()
             .map(|e| picks.iter().filter(|p| Arc::ptr_eq(p, e)).count())
@@ -659,7 +664,10 @@ mod tests {
         let first = res.build(&node, &aliases, &defaults(60));
         // Round robin moves on; a rebuild that keeps the handle keeps its place.
         let a = first.lookup("a").unwrap().clone();
-        let next = a.balancer.pick(None, None).map(|e| e.addr);
+        let next = a
+            .balancer
+            .pick(None, None, crate::clock::now_ms())
+            .map(|e| e.addr);
 
         // b's weights change: b alone is built again; the host map is shared.
         res.set_endpoints([assignment("b", &[3, 1])]);
@@ -681,7 +689,7 @@ mod tests {
                 .lookup("a")
                 .unwrap()
                 .balancer
-                .pick(None, None)
+                .pick(None, None, crate::clock::now_ms())
                 .map(|e| e.addr),
             next,
             "the reused round robin went on from where it was"

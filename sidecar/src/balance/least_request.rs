@@ -6,12 +6,11 @@
 //! small weight does not win every draw just because it has nothing in
 //! flight (as one that fails every request at once has).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::rng;
 use super::weighted::WeightedIndex;
-use crate::endpoint::EndpointState;
+use super::Endpoint;
 
 /// P2C picker.
 pub struct LeastRequest {
@@ -30,7 +29,7 @@ impl LeastRequest {
 
     /// An index.
     #[inline]
-    pub fn pick(&self, endpoints: &[Arc<EndpointState>]) -> usize {
+    pub fn pick<E: Endpoint>(&self, endpoints: &[Arc<E>]) -> usize {
         let n = endpoints.len();
         if n == 1 {
             return 0;
@@ -41,8 +40,8 @@ impl LeastRequest {
             // Distinct second choice: uniform over the others.
             b = (a + 1 + rng::below(n - 1)) % n;
         }
-        let la = u64::from(endpoints[a].active.load(Ordering::Relaxed)) + 1;
-        let lb = u64::from(endpoints[b].active.load(Ordering::Relaxed)) + 1;
+        let la = u64::from(endpoints[a].active()) + 1;
+        let lb = u64::from(endpoints[b].active()) + 1;
         // la / wa < lb / wb, without division.
         let (wa, wb) = (u64::from(self.weights[a]), u64::from(self.weights[b]));
         if la * wb < lb * wa || (la * wb == lb * wa && rng::next() & 1 == 0) {
@@ -56,22 +55,17 @@ impl LeastRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddr;
+    use crate::balance::fake::Fake;
 
-    fn endpoints(active: &[u32]) -> Vec<Arc<EndpointState>> {
+    fn endpoints(active: &[u32]) -> Vec<Arc<Fake>> {
         active
             .iter()
             .zip(1u8..)
-            .map(|(&n, i)| {
-                let e =
-                    EndpointState::new(SocketAddr::from(([10, 0, 0, i], 9090)), format!("p{i}"));
-                e.active.store(n, Ordering::Relaxed);
-                e
-            })
+            .map(|(&n, i)| Fake::at(0, i).with_active(n))
             .collect()
     }
 
-    fn shares(picker: &LeastRequest, eps: &[Arc<EndpointState>], picks: usize) -> Vec<f64> {
+    fn shares(picker: &LeastRequest, eps: &[Arc<Fake>], picks: usize) -> Vec<f64> {
         let mut n = vec![0usize; eps.len()];
         for _ in 0..picks {
             n[picker.pick(eps)] += 1;

@@ -74,14 +74,15 @@ impl RequestBody {
     }
 }
 
+/// Sends one attempt to `ep`.
 pub(crate) async fn send(
     ep: &EndpointState,
     settings: &crate::pool::PoolSettings,
     up: Attempt<'_>,
-) -> Result<Response<Upstream>, crate::pool::UpstreamError> {
-    match up {
+) -> Sent {
+    let sent = match up {
         Attempt::H1(out) => ep
-            .pool
+            .pool()
             .send(ep.addr, settings, out)
             .await
             .map(|r| r.map(Upstream::H1)),
@@ -89,6 +90,10 @@ pub(crate) async fn send(
         Attempt::H2(a) => Box::pin(send_h2(ep, settings, a))
             .await
             .map(|r| r.map(Upstream::H2)),
+    };
+    match sent {
+        Ok(resp) => Sent::Answered(resp),
+        Err(e) => Sent::Failed(e),
     }
 }
 
@@ -97,8 +102,8 @@ pub(crate) async fn send_h2(
     settings: &crate::pool::PoolSettings,
     a: H2Attempt<'_>,
 ) -> Result<Response<crate::h2::ResponseBody>, crate::pool::UpstreamError> {
-    let pool = ep.pool.h2();
-    let stream = pool.stream(ep.addr, settings, &ep.pool.open).await?;
+    let pool = ep.pool();
+    let stream = pool.h2_stream(ep.addr, settings).await?;
     let body = a.body.h2().ok_or(crate::pool::UpstreamError::BodySent)?;
     let req = crate::h2::request(
         &a.parts.method,
@@ -108,6 +113,5 @@ pub(crate) async fn send_h2(
         a.te_trailers,
         body,
     );
-    pool.send(ep.addr, settings, &ep.pool.open, stream, req)
-        .await
+    pool.send_h2(ep.addr, settings, stream, req).await
 }

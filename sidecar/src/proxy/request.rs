@@ -157,3 +157,128 @@ pub(crate) fn strip_mesh_headers(headers: &mut HeaderMap) {
         headers.remove(name);
     }
 }
+
+/// A request read once for all its attempts: its head with the hop-by-hop
+/// headers gone, its body (buffered when small, so that a retry can send
+/// it again), and how many attempts it may have.
+pub(crate) struct Prepared {
+    pub(crate) parts: http::request::Parts,
+    /// Sent upstream over HTTP/2.
+    pub(crate) h2: bool,
+    /// HTTP/2 carries `te: trailers` on (gRPC servers look for it).
+    te_trailers: bool,
+    pub(crate) body: RequestBody,
+    /// Attempts allowed: 1 + the cluster's retries, or 1 when the body
+    /// cannot be sent twice.
+    pub(crate) attempts: u32,
+    /// Safe to send again after a failure that may have reached the app.
+    pub(crate) idempotent: bool,
+    /// When the request started, for a first attempt that read no body
+    /// since: no second clock read.
+    first_start: Option<tokio::time::Instant>,
+    /// The HTTP/1.1 request, encoded at the first attempt and sent as is
+    /// by the others.
+    h1: Option<Outgoing>,
+}
+
+impl Prepared {
+    /// Reads `req` for `cluster`; Err is the answer when its body cannot
+    /// be read.
+    pub(crate) async fn read(
+        cluster: &ClusterHandle,
+        req: Request<Incoming>,
+        authority: Option<Authority>,
+        start: tokio::time::Instant,
+    ) -> Result<Prepared, Response<ResponseBody>> {
+        let (mut parts, body) = req.into_parts();
+        let h2 = cluster.upstream_h2(parts.version);
+        // Every TE but `trailers` over HTTP/2 is hop-by-hop and dropped.
+        let te_trailers = h2
+            && parts.headers.get_all(header::TE).iter().any(|v| {
+                v.as_bytes()
+                    .split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+            });
+        strip_hop_by_hop(&mut parts.headers);
+        if !parts.headers.contains_key(header::HOST) {
+            if let Some(v) = authority.and_then(|a| match a {
+                Authority::Host(h) => Some(h),
+                Authority::Uri(a) => HeaderValue::from_str(a.as_str()).ok(),
+            }) {
+                parts.headers.insert(header::HOST, v);
+            }
+        }
+        let first_start = body.is_end_stream().then_some(start);
+        let (buffered, streaming) = if body.is_end_stream() {
+            (Some(Bytes::new()), None)
+        } else if body
+            .size_hint()
+            .upper()
+            .is_some_and(|u| u <= MAX_BUFFERED_BODY)
+        {
+            match Box::pin(body.collect()).await {
+                Ok(c) => (Some(c.to_bytes()), None),
+                Err(e) => {
+                    let reason = format!("reading request body: {e}");
+                    return Err(local(StatusCode::BAD_REQUEST, &reason));
+                }
+            }
+        } else {
+            (None, Some(body))
+        };
+        // A streamed body is recorded over HTTP/2 while it is short, so
+        // those requests may be retried too (see `crate::h2::Recording`).
+        let attempts = if buffered.is_some() || h2 {
+            1 + cluster.retry_attempts
+        } else {
+            1
+        };
+        Ok(Prepared {
+            idempotent: crate::h1::idempotent(&parts.method),
+            parts,
+            h2,
+            te_trailers,
+            body: RequestBody {
+                buffered,
+                streaming,
+                tape: None,
+            },
+            attempts,
+            first_start,
+            h1: None,
+        })
+    }
+
+    /// The request of an attempt at `ep`; None when its body was already
+    /// sent and cannot go again.
+    pub(crate) fn attempt(&mut self, ep: &EndpointState) -> Option<Attempt<'_>> {
+        if self.h2 {
+            return Some(Attempt::H2(H2Attempt {
+                parts: &self.parts,
+                te_trailers: self.te_trailers,
+                body: &mut self.body,
+            }));
+        }
+        let parts = &self.parts;
+        let body = &mut self.body;
+        let up = self.h1.get_or_insert_with(|| {
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            encode(
+                &parts.method,
+                path,
+                &parts.headers,
+                ep.authority.as_str(),
+                body.h1(),
+            )
+        });
+        up.resendable().then_some(Attempt::H1(up))
+    }
+
+    /// When an attempt starting now started: the request's start for a
+    /// first attempt that read no body, else a clock read.
+    pub(crate) fn attempt_started(&mut self) -> tokio::time::Instant {
+        self.first_start
+            .take()
+            .unwrap_or_else(tokio::time::Instant::now)
+    }
+}

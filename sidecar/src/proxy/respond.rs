@@ -51,7 +51,7 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         if let Upstream::H1(body) = &mut self.inner {
             if let Some(lease) = body.take_reusable() {
-                self.guard.endpoint().pool.put(lease);
+                self.guard.endpoint().pool().put(lease);
             }
         }
     }
@@ -84,4 +84,54 @@ impl Body for Tracked {
             Upstream::H2(b) => b.size_hint(),
         }
     }
+}
+
+/// Passes an endpoint's response on to the caller: counts it towards the
+/// endpoint (reachable, latency, outcome, outlier detection), drops the
+/// hop-by-hop headers, names the endpoint, and holds the endpoint's and the
+/// cluster's in-flight counts until the body ends.
+pub(crate) fn pass_on(
+    cluster: &ClusterHandle,
+    ep: &EndpointState,
+    mut resp: Response<Upstream>,
+    held: (ActiveGuard, Option<InflightGuard>),
+    started: tokio::time::Instant,
+    delivered: bool,
+) -> Response<ResponseBody> {
+    if matches!(resp.status().as_u16(), 502 | 503) && resp.headers().contains_key(ERROR_HEADER) {
+        // The endpoint's own sidecar answered that its app is gone, on the
+        // last attempt: skip it as a retry would have, rather than mark it
+        // reachable for every request.
+        ep.back_off();
+    } else {
+        ep.mark_reachable();
+    }
+    // Passed on only from the endpoint's own sidecar (never from an app)
+    // and only when no earlier attempt may have been processed.
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE && (delivered || cluster.local_app) {
+        resp.headers_mut().remove(UNPROCESSED_HEADER);
+    }
+    let now = tokio::time::Instant::now();
+    let now_ms = crate::clock::advance(now);
+    let elapsed = now.saturating_duration_since(started).as_micros() as u64;
+    if cluster.balancer.policy() == crate::balance::Policy::PeakEwma {
+        ep.observe_rtt(elapsed as f64, now_ms * 1000);
+    }
+    ep.counters()
+        .count_response(resp.status().is_server_error(), elapsed);
+    outlier_outcome(cluster, ep, Outcome::Status(resp.status()));
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .insert(HeaderName::from_static(ENDPOINT_HEADER), ep.header.clone());
+    let (guard, inflight) = held;
+    Response::from_parts(
+        parts,
+        Either::Left(Tracked {
+            inner: body,
+            guard,
+            _inflight: inflight,
+        }),
+    )
 }

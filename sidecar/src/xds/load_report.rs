@@ -8,7 +8,6 @@
 //! at most one interval of counts and never affects requests.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,13 +113,13 @@ fn collect(
     for (name, c) in &routing.clusters {
         let mut eps = Vec::new();
         for e in c.balancer.endpoints() {
-            let k = &e.counters;
+            let k = e.counters();
             let now = Last {
-                in_progress: u64::from(e.active.load(Ordering::Relaxed)),
-                issued: k.issued.load(Ordering::Relaxed),
-                succeeded: k.succeeded.load(Ordering::Relaxed),
-                failed: k.failed.load(Ordering::Relaxed),
-                latency_us: k.latency_us_sum.load(Ordering::Relaxed),
+                in_progress: u64::from(e.active()),
+                issued: k.issued(),
+                succeeded: k.succeeded(),
+                failed: k.failed(),
+                latency_us: k.latency_sum_us(),
             };
             let prev = last
                 .insert((name.clone(), e.addr.to_string()), now.clone())
@@ -138,7 +137,7 @@ fn collect(
                 continue;
             }
             *sequence += 1;
-            let (latency_first_bucket, latency_buckets) = k.latency_fine.drain();
+            let (latency_first_bucket, latency_buckets) = k.latency_fine().drain();
             eps.push(EndpointStats {
                 address: e.addr.to_string(),
                 requests_issued: now.issued.saturating_sub(prev.issued),
@@ -227,23 +226,21 @@ mod tests {
         // A request starts on one endpoint, then ends.
         let e = &routing.clusters["called"].balancer.endpoints()[0];
         let addr = e.addr.to_string();
-        e.counters.issued.fetch_add(1, Ordering::Relaxed);
-        e.active.fetch_add(1, Ordering::Relaxed);
+        let request = e.start();
         let stats = collect();
         assert_eq!(stats.len(), 1);
         assert_eq!(stats[0].cluster_name, "called");
         assert_eq!(reported(&stats), vec![(addr.clone(), 1, 0, 1)]);
-        e.active.fetch_sub(1, Ordering::Relaxed);
-        e.counters.succeeded.fetch_add(1, Ordering::Relaxed);
+        drop(request);
+        e.counters().count_response(false, 1_000);
         assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 1, 0)]);
         assert!(collect().is_empty());
         // A request still in flight keeps it reported; once it is gone the
         // report says so, once.
-        e.counters.issued.fetch_add(1, Ordering::Relaxed);
-        e.active.fetch_add(1, Ordering::Relaxed);
+        let request = e.start();
         assert_eq!(reported(&collect()), vec![(addr.clone(), 1, 0, 1)]);
         assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 0, 1)]);
-        e.active.fetch_sub(1, Ordering::Relaxed);
+        drop(request);
         assert_eq!(reported(&collect()), vec![(addr.clone(), 0, 0, 0)]);
         assert!(collect().is_empty());
         // Every entry is numbered from the one counter.

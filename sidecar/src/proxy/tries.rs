@@ -1,0 +1,237 @@
+//! A request over its attempts: what the attempts so far came to (the last
+//! endpoint, the last error, whether one may have reached an app), what each
+//! counts towards its endpoint (backoff, outlier detection, counters), and
+//! the answer when the request stops without a response to pass on.
+
+use super::*;
+
+/// What one attempt came to, at the transport.
+// The response is the common case and lives on the request's stack: boxing
+// it would allocate per request to shrink the rare variants.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Sent {
+    /// The endpoint answered.
+    Answered(Response<Upstream>),
+    /// No response: no connection, a refused stream, a reset, a bad response.
+    Failed(crate::upstream::UpstreamError),
+    /// No response within the per-try timeout.
+    TimedOut,
+}
+
+impl Sent {
+    /// How the attempt reads for the retry decision, and what follows it.
+    pub(crate) fn decide(&self, h2: bool, at: Standing, retry_on: u32) -> (Attempted, Action) {
+        let outcome = match self {
+            Sent::Answered(r) => {
+                return retry::decide_response(r.status().as_u16(), r.headers(), h2, at, retry_on)
+            }
+            Sent::TimedOut => Attempted::TimedOut,
+            Sent::Failed(e) if e.is_connect() => Attempted::ConnectFailed,
+            Sent::Failed(e) if e.is_refused_stream() => Attempted::RefusedStream,
+            Sent::Failed(_) => Attempted::Reset,
+        };
+        (outcome, retry::decide(outcome, at, retry_on))
+    }
+}
+
+/// The attempts of one request so far.
+#[derive(Default)]
+pub(crate) struct Tries {
+    /// The endpoint the last attempt failed on (the next pick avoids it).
+    pub(crate) last: Option<Arc<EndpointState>>,
+    /// Why the last attempt failed.
+    last_error: String,
+    /// An attempt may have reached an app. Until one has, a failure is
+    /// answered with the unprocessed header (any method may go elsewhere).
+    delivered: bool,
+    /// The cluster's `maxRetries` slot this request holds, once it retried.
+    retry_slot: Option<InflightGuard>,
+}
+
+impl Tries {
+    /// True when an attempt may have reached an app.
+    pub(crate) fn delivered(&self) -> bool {
+        self.delivered
+    }
+
+    /// Admits a retry: a `maxRetries` slot (held until the request ends)
+    /// and a token from the retry budget. Some is the answer when either is
+    /// refused.
+    pub(crate) fn retry_refused(
+        &mut self,
+        cluster: &ClusterHandle,
+    ) -> Option<Response<ResponseBody>> {
+        if self.retry_slot.is_none() {
+            match admit_retry(cluster) {
+                Ok(slot) => self.retry_slot = slot,
+                Err(max) => {
+                    let reason = format!(
+                        "cluster {} has {max} retries in flight (connectionPool.http.maxRetries); last: {}",
+                        cluster.name, self.last_error
+                    );
+                    let r = self.fail(StatusCode::SERVICE_UNAVAILABLE, &reason);
+                    return Some(overflow(r, "max retries", max));
+                }
+            }
+        }
+        if !cluster.budget.try_retry() {
+            let reason = format!("retry budget exhausted; last: {}", self.last_error);
+            return Some(self.fail(StatusCode::SERVICE_UNAVAILABLE, &reason));
+        }
+        None
+    }
+
+    /// True when `ep` is the endpoint the last attempt failed on (then the
+    /// retry backs off first: no other endpoint could take it).
+    pub(crate) fn is_last(&self, ep: &Arc<EndpointState>) -> bool {
+        self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, ep))
+    }
+
+    /// An answer of minimesh's own, marked unprocessed while no attempt may
+    /// have reached an app.
+    pub(crate) fn fail(&self, status: StatusCode, reason: &str) -> Response<ResponseBody> {
+        let r = local(status, reason);
+        if self.delivered {
+            r
+        } else {
+            unprocessed(r)
+        }
+    }
+
+    /// Counts an attempt that will not be passed on (`outcome`, read from
+    /// `sent`) towards its endpoint, and remembers why it failed.
+    pub(crate) fn failed(
+        &mut self,
+        cluster: &ClusterHandle,
+        ep: Arc<EndpointState>,
+        outcome: Attempted,
+        sent: &Sent,
+    ) {
+        ep.counters().count_failure();
+        self.delivered |= !matches!(
+            outcome,
+            Attempted::ConnectFailed
+                | Attempted::RefusedStream
+                | Attempted::AppGone {
+                    unprocessed: true,
+                    ..
+                }
+        );
+        let addr = ep.addr;
+        self.last_error = match (sent, outcome) {
+            (Sent::Answered(resp), Attempted::AppGone { status, .. }) => {
+                // Its own sidecar could not reach its app (503: dead or
+                // restarting; 502: it died mid-request): skip the endpoint
+                // for a while as if it had refused the connection, or every
+                // request would pay a retry.
+                ep.back_off();
+                outlier_outcome(cluster, &ep, Outcome::Status(resp.status()));
+                let why = resp
+                    .headers()
+                    .get(ERROR_HEADER)
+                    .and_then(|v| v.to_str().ok());
+                format!("{addr} answered {status}: {}", why.unwrap_or(""))
+            }
+            (Sent::Answered(resp), Attempted::GrpcStatus(_)) => {
+                let g = resp
+                    .headers()
+                    .get(GRPC_STATUS)
+                    .and_then(|v| v.to_str().ok());
+                format!("{addr} answered grpc-status {}", g.unwrap_or(""))
+            }
+            (Sent::Answered(resp), _) => {
+                outlier_outcome(cluster, &ep, Outcome::Status(resp.status()));
+                format!("{addr} answered {}", resp.status())
+            }
+            (Sent::TimedOut, _) => {
+                // A replica that hangs is skipped like one that refuses
+                // connections, so that first attempts stop going to it.
+                ep.mark_connect_failure();
+                outlier_outcome(cluster, &ep, Outcome::TimedOut);
+                format!("{addr} did not answer within the per-try timeout")
+            }
+            (Sent::Failed(e), Attempted::ConnectFailed) => {
+                debug!(endpoint = %addr, cluster = %cluster.name, error = %e, "connect failed");
+                ep.mark_connect_failure();
+                outlier_outcome(cluster, &ep, Outcome::Failed);
+                format!("connect to {addr} failed: {}", source_chain(e))
+            }
+            (Sent::Failed(e), Attempted::RefusedStream) => {
+                outlier_outcome(cluster, &ep, Outcome::Failed);
+                format!("{addr} refused the stream: {}", source_chain(e))
+            }
+            (Sent::Failed(e), _) => {
+                debug!(endpoint = %addr, cluster = %cluster.name, error = %e, "request failed in flight");
+                outlier_outcome(cluster, &ep, Outcome::Failed);
+                format!("{addr} failed: {}", source_chain(e))
+            }
+        };
+        self.last = Some(ep);
+    }
+
+    /// The answer when the request stops after `outcome` (or ran out of
+    /// attempts) with no response to pass on.
+    pub(crate) fn give_up(
+        &self,
+        outcome: Attempted,
+        sent: &Sent,
+        attempts: u32,
+    ) -> Response<ResponseBody> {
+        match (outcome, sent) {
+            (Attempted::TimedOut, _) => local(StatusCode::GATEWAY_TIMEOUT, &self.last_error),
+            (Attempted::RefusedStream | Attempted::Reset, Sent::Failed(e)) => {
+                let addr = self.last.as_ref().map(|e| e.addr);
+                let reason = format!(
+                    "upstream {} failed: {}",
+                    addr.map(|a| a.to_string()).unwrap_or_default(),
+                    source_chain(e)
+                );
+                let r = local(StatusCode::BAD_GATEWAY, &reason);
+                if self.delivered {
+                    r
+                } else {
+                    unprocessed(r)
+                }
+            }
+            _ => self.exhausted(attempts),
+        }
+    }
+
+    /// The answer when every attempt failed.
+    pub(crate) fn exhausted(&self, attempts: u32) -> Response<ResponseBody> {
+        let reason = match attempts {
+            1 => self.last_error.clone(),
+            n => format!("all {n} attempts failed; last: {}", self.last_error),
+        };
+        self.fail(StatusCode::SERVICE_UNAVAILABLE, &reason)
+    }
+}
+
+/// Adds the overflow header (which limit refused the request) to `r`.
+pub(crate) fn overflow(
+    mut r: Response<ResponseBody>,
+    what: &str,
+    max: u32,
+) -> Response<ResponseBody> {
+    if let Ok(v) = HeaderValue::from_str(&format!("{what} {max}")) {
+        r.headers_mut()
+            .insert(HeaderName::from_static(OVERFLOW_HEADER), v);
+    }
+    r
+}
+
+/// Counts an attempt's outcome towards its endpoint's outlier detection
+/// (the cluster's, when it has one) and logs an ejection.
+pub(crate) fn outlier_outcome(cluster: &ClusterHandle, ep: &EndpointState, outcome: Outcome) {
+    let Some(od) = &cluster.outlier else {
+        ep.outlier().reset_on_success(outcome);
+        return;
+    };
+    let all = cluster.balancer.endpoints().iter().map(|e| e.outlier());
+    // The coarse clock, which every request advances: no clock call per
+    // attempt (ejections are seconds long).
+    let now = crate::clock::now_ms();
+    if let Some(e) = outlier::count(od, all, ep.outlier(), outcome, now) {
+        info!(endpoint = %ep.addr, cluster = %cluster.name, ejection_ms = e.ms, times = e.times, ?outcome, "endpoint ejected by outlier detection");
+    }
+}
