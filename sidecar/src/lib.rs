@@ -7,6 +7,11 @@ pub mod admin;
 pub mod balance;
 pub mod clock;
 pub mod endpoint;
+#[cfg(not(feature = "hyper-h1"))]
+pub mod h1;
+/// The A/B arm on hyper's client (`--features hyper-h1`).
+#[cfg(feature = "hyper-h1")]
+#[path = "h1_hyper.rs"]
 pub mod h1;
 pub mod h2;
 pub mod health;
