@@ -11,6 +11,7 @@ use http::HeaderValue;
 use crate::balance::peak_ewma::Ewma;
 use crate::balance::Endpoint;
 use crate::clock;
+use crate::histogram::{Fine, Histogram};
 
 /// How long an endpoint that refused a connection is skipped, doubling on
 /// each consecutive failure up to [`MAX_BACKOFF_MS`]. Short enough that a
@@ -22,37 +23,73 @@ pub const MAX_BACKOFF_MS: u64 = 10_000;
 
 /// Counters exported per endpoint (and reported to the control plane):
 /// written by the request path through its methods, read by the metrics
-/// collector and the load reporter.
+/// collector and the load reporter. Each event loop counts into a shard of
+/// its own (on cache lines of its own), and readers sum the shards: under
+/// full load no counter's cache line moves between cores per request.
 #[derive(Debug)]
 pub struct Counters {
+    shards: Box<[Shard]>,
+    /// Connect failures (rare: not sharded).
+    connect_failures: AtomicU64,
+}
+
+/// One event loop's counts.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard {
     /// Requests sent.
     issued: AtomicU64,
     /// Responses with a status below 500.
     succeeded: AtomicU64,
     /// 5xx responses and transport failures.
     failed: AtomicU64,
-    /// Connect failures.
-    connect_failures: AtomicU64,
     /// Sum of latencies in microseconds.
     latency_us_sum: AtomicU64,
     /// Latency to response headers, microseconds (Prometheus).
-    latency_us: crate::histogram::Histogram<13>,
+    latency_us: Histogram<13>,
     /// Latency to response headers, fine buckets (load reports).
-    latency_fine: crate::histogram::Fine,
+    latency_fine: Fine,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard {
+            issued: AtomicU64::new(0),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            latency_us_sum: AtomicU64::new(0),
+            latency_us: Histogram::new(&crate::histogram::LATENCY_BUCKET_BOUNDS_US),
+            latency_fine: Fine::default(),
+        }
+    }
 }
 
 impl Counters {
+    /// This event loop's shard.
+    #[inline]
+    fn here(&self) -> &Shard {
+        &self.shards[crate::upstream::event_loop() as usize % self.shards.len()]
+    }
+
+    fn sum(&self, read: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| read(s).load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Counts a response that reached the caller: its latency to headers,
     /// in microseconds, and whether it was a server error.
     #[inline]
     pub fn count_response(&self, server_error: bool, latency_us: u64) {
-        self.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
-        self.latency_us.observe(latency_us);
-        self.latency_fine.observe(latency_us);
+        let s = self.here();
+        s.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
+        s.latency_us.observe(latency_us);
+        s.latency_fine.observe(latency_us);
         if server_error {
-            self.failed.fetch_add(1, Ordering::Relaxed);
+            s.failed.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.succeeded.fetch_add(1, Ordering::Relaxed);
+            s.succeeded.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -60,22 +97,27 @@ impl Counters {
     /// that was retried elsewhere).
     #[inline]
     pub fn count_failure(&self) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.here().failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn count_issued(&self) {
+        self.here().issued.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests sent.
     pub fn issued(&self) -> u64 {
-        self.issued.load(Ordering::Relaxed)
+        self.sum(|s| &s.issued)
     }
 
     /// Responses under 500.
     pub fn succeeded(&self) -> u64 {
-        self.succeeded.load(Ordering::Relaxed)
+        self.sum(|s| &s.succeeded)
     }
 
     /// 5xx responses and failed attempts.
     pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
+        self.sum(|s| &s.failed)
     }
 
     /// Refused or failed connections.
@@ -85,32 +127,28 @@ impl Counters {
 
     /// Sum of the counted responses' latencies, microseconds.
     pub fn latency_sum_us(&self) -> u64 {
-        self.latency_us_sum.load(Ordering::Relaxed)
+        self.sum(|s| &s.latency_us_sum)
     }
 
-    /// The latency histogram exported to Prometheus.
-    pub fn latency_histogram(&self) -> &crate::histogram::Histogram<13> {
-        &self.latency_us
+    /// The Prometheus latency histogram, in seconds: sum, count and
+    /// non-cumulative buckets (see [`Histogram::snapshot`]).
+    pub fn latency_snapshot(&self) -> crate::histogram::Snapshot {
+        crate::histogram::snapshot_all(self.shards.iter().map(|s| &s.latency_us), 1e6)
     }
 
-    /// The fine latency histogram load reports drain.
-    pub fn latency_fine(&self) -> &crate::histogram::Fine {
-        &self.latency_fine
+    /// Takes the fine latency counts since the last call (see
+    /// [`Fine::drain`]), for a load report.
+    pub fn drain_latency(&self) -> (u32, Vec<u64>) {
+        crate::histogram::drain_all(self.shards.iter().map(|s| &s.latency_fine))
     }
 }
 
 impl Default for Counters {
     fn default() -> Self {
+        let loops = crate::upstream::EVENT_LOOPS.load(Ordering::Relaxed).max(1);
         Counters {
-            issued: AtomicU64::new(0),
-            succeeded: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
+            shards: (0..loops).map(|_| Shard::default()).collect(),
             connect_failures: AtomicU64::new(0),
-            latency_us_sum: AtomicU64::new(0),
-            latency_us: crate::histogram::Histogram::new(
-                &crate::histogram::LATENCY_BUCKET_BOUNDS_US,
-            ),
-            latency_fine: Default::default(),
         }
     }
 }
@@ -292,7 +330,7 @@ impl EndpointState {
     #[inline]
     pub fn start(self: &Arc<Self>) -> ActiveGuard {
         self.active.fetch_add(1, Ordering::Relaxed);
-        self.counters.issued.fetch_add(1, Ordering::Relaxed);
+        self.counters.count_issued();
         ActiveGuard(self.clone())
     }
 }

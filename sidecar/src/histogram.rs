@@ -23,6 +23,10 @@ pub const LATENCY_BUCKET_BOUNDS_US: [u64; 13] = {
 /// Pick-duration bucket bounds in nanoseconds.
 pub const PICK_BUCKET_BOUNDS_NS: [u64; 8] = [25, 50, 100, 250, 500, 1000, 5000, 50000];
 
+/// A histogram read for the metrics encoder: sum, count and
+/// non-cumulative `(upper bound, count)` buckets, +Inf last.
+pub type Snapshot = (f64, u64, Vec<(f64, u64)>);
+
 /// Counts per bucket (one more than bounds: +Inf), sum and count.
 #[derive(Debug)]
 pub struct Histogram<const N: usize> {
@@ -57,7 +61,7 @@ impl<const N: usize> Histogram<N> {
     /// last), for the metrics encoder, in seconds: `per_second` is how many
     /// of the bounds' unit make a second (a division, so that 1,000 µs is
     /// exactly 0.001).
-    pub fn snapshot(&self, per_second: f64) -> (f64, u64, Vec<(f64, u64)>) {
+    pub fn snapshot(&self, per_second: f64) -> Snapshot {
         let mut buckets: Vec<(f64, u64)> = self
             .bounds
             .iter()
@@ -115,6 +119,55 @@ impl Fine {
     }
 }
 
+/// [`Histogram::snapshot`] of several histograms (one per event loop)
+/// summed.
+pub fn snapshot_all<'a, const N: usize>(
+    all: impl IntoIterator<Item = &'a Histogram<N>>,
+    per_second: f64,
+) -> Snapshot {
+    let mut total: Option<Snapshot> = None;
+    for h in all {
+        let (sum, count, buckets) = h.snapshot(per_second);
+        match &mut total {
+            None => total = Some((sum, count, buckets)),
+            Some((s, c, b)) => {
+                *s += sum;
+                *c += count;
+                for (into, (_, n)) in b.iter_mut().zip(buckets) {
+                    into.1 += n;
+                }
+            }
+        }
+    }
+    total.unwrap_or((0.0, 0, Vec::new()))
+}
+
+/// [`Fine::drain`] of several fine histograms (one per event loop) summed.
+pub fn drain_all<'a>(all: impl IntoIterator<Item = &'a Fine>) -> (u32, Vec<u64>) {
+    let drained: Vec<(u32, Vec<u64>)> = all
+        .into_iter()
+        .map(Fine::drain)
+        .filter(|(_, counts)| !counts.is_empty())
+        .collect();
+    if drained.len() <= 1 {
+        return drained.into_iter().next().unwrap_or((0, Vec::new()));
+    }
+    // Each drain starts and ends on a non-empty bucket: so does the sum.
+    let first = drained.iter().map(|(f, _)| *f as usize).min().unwrap_or(0);
+    let end = drained
+        .iter()
+        .map(|(f, c)| *f as usize + c.len())
+        .max()
+        .unwrap_or(first);
+    let mut counts = vec![0; end - first];
+    for (f, c) in &drained {
+        for (into, n) in counts[*f as usize - first..].iter_mut().zip(c) {
+            *into += n;
+        }
+    }
+    (first as u32, counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +204,37 @@ mod tests {
             latency::bucket(160_000) - latency::bucket(150_000) + 1
         );
         assert_eq!(f.drain(), (0, vec![]));
+    }
+
+    #[test]
+    fn shards_sum_as_one() {
+        let (one, shards) = (
+            Fine::default(),
+            [Fine::default(), Fine::default(), Fine::default()],
+        );
+        let (h1, hs) = (
+            Histogram::new(&LATENCY_BUCKET_BOUNDS_US),
+            [
+                Histogram::new(&LATENCY_BUCKET_BOUNDS_US),
+                Histogram::new(&LATENCY_BUCKET_BOUNDS_US),
+            ],
+        );
+        // Shard 0 empty, the others overlapping and apart.
+        for (i, us) in [150_000u64, 150_001, 3_000, 9_000_000, 160_000]
+            .iter()
+            .enumerate()
+        {
+            one.observe(*us);
+            shards[1 + i % 2].observe(*us);
+            h1.observe(*us);
+            hs[i % 2].observe(*us);
+        }
+        assert_eq!(drain_all(&shards), one.drain());
+        assert_eq!(drain_all(&shards), (0, vec![]));
+        assert_eq!(snapshot_all(&hs, 1e6), h1.snapshot(1e6));
+        // One shard: its own drain.
+        let solo = [Fine::default()];
+        solo[0].observe(42);
+        assert_eq!(drain_all(&solo), (latency::bucket(42) as u32, vec![1]));
     }
 }

@@ -157,11 +157,10 @@ impl Collector for ProxyMetrics {
         )?;
         for (cluster, e) in endpoints() {
             let labels = endpoint_labels(cluster, e);
-            histogram(
-                family.encode_family(&labels)?,
-                e.counters().latency_histogram(),
-                1e6,
-            )?;
+            let (sum, count, buckets) = e.counters().latency_snapshot();
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
         let mut family = encoder.encode_descriptor(
             "minimesh_pick_duration_seconds",

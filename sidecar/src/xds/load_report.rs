@@ -137,7 +137,7 @@ fn collect(
                 continue;
             }
             *sequence += 1;
-            let (latency_first_bucket, latency_buckets) = k.latency_fine().drain();
+            let (latency_first_bucket, latency_buckets) = k.drain_latency();
             eps.push(EndpointStats {
                 address: e.addr.to_string(),
                 requests_issued: now.issued.saturating_sub(prev.issued),
