@@ -22,7 +22,8 @@ pub struct Read {
     pub body: Vec<u8>,
     /// Its trailer fields, as passed on.
     pub trailers: Option<Vec<(String, Vec<u8>)>>,
-    /// The connection would go back to the pool.
+    /// The connection would be used again (kept alive, nothing after the
+    /// response).
     pub reusable: bool,
 }
 
@@ -110,7 +111,10 @@ pub fn read_response(data: &[u8], step: usize, is_head: bool) -> Result<Read, Er
         headers: fields(head.headers()),
         body,
         trailers,
-        reusable: keep_alive && mem.rbuf.is_empty(),
+        // Bytes after the response make the connection unusable whether
+        // they came in the same read (left in the buffer) or after it (the
+        // pool's checkout sees the socket readable).
+        reusable: keep_alive && mem.rbuf.is_empty() && mem.io.data.is_empty(),
     })
 }
 
