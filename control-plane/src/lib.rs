@@ -194,11 +194,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding discovery address {}", args.xds_addr))?;
     info!(xds = %args.xds_addr, admin = %args.admin_addr, source = %args.source, "control plane serving");
 
-    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
     let lrs = load::LoadReports {
         aggregator,
         la: la.clone(),
+        reporters: metrics.load_reporters.clone(),
     };
+    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
     grpc::serve(xds_listener, discovery, lrs, shutdown_signal())
         .await
         .context("discovery server")?;

@@ -375,6 +375,8 @@ pub struct LoadReports {
     pub aggregator: Arc<Aggregator>,
     /// Holds the interval the control plane asks for.
     pub la: Arc<crate::LoadAwareState>,
+    /// Connected reporters (`minimesh_load_reporters_connected`).
+    pub reporters: prometheus_client::metrics::gauge::Gauge,
 }
 
 #[tonic::async_trait]
@@ -389,6 +391,7 @@ impl LoadReportingService for LoadReports {
             aggregator: self.aggregator.clone(),
             node: String::new(),
             sent_interval: 0,
+            reporters: self.reporters.clone(),
         };
         let stream = drive(
             session,
@@ -406,6 +409,9 @@ struct LoadSession {
     aggregator: Arc<Aggregator>,
     node: String,
     sent_interval: u64,
+    /// Counts this stream from its first report (which names the node) to
+    /// its end.
+    reporters: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl LoadSession {
@@ -434,7 +440,10 @@ impl Session for LoadSession {
     ) -> Result<(), Status> {
         if self.node.is_empty() {
             match &req.node {
-                Some(n) if !n.id.is_empty() => self.node = n.id.clone(),
+                Some(n) if !n.id.is_empty() => {
+                    self.node = n.id.clone();
+                    self.reporters.inc();
+                }
                 _ => {
                     return Err(Status::invalid_argument(
                         "the first load report must name its node",
@@ -453,6 +462,9 @@ impl Session for LoadSession {
     }
 
     fn on_end(&mut self) {
+        if !self.node.is_empty() {
+            self.reporters.dec();
+        }
         debug!(node = self.node, "load-report stream ended");
     }
 }

@@ -20,6 +20,8 @@ pub struct TypeLabel {
 pub struct Metrics {
     /// Connected discovery streams.
     pub connected: Gauge,
+    /// Load-report streams whose proxy has named itself.
+    pub load_reporters: Gauge,
     /// Responses sent, by type.
     pub pushes: Family<TypeLabel, Counter>,
     /// NACKs received, by type.
@@ -37,6 +39,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Metrics {
             connected: Gauge::default(),
+            load_reporters: Gauge::default(),
             pushes: Family::default(),
             nacks: Family::default(),
             config_updates: Counter::default(),
@@ -48,6 +51,11 @@ impl Metrics {
             "xds_connected_proxies",
             "Connected discovery streams",
             m.connected.clone(),
+        );
+        r.register(
+            "load_reporters_connected",
+            "Connected load-report streams (proxies reporting load)",
+            m.load_reporters.clone(),
         );
         r.register(
             "xds_pushes",

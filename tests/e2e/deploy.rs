@@ -235,10 +235,22 @@ async fn dashboard_queries_series_the_mesh_exposes() {
         .control_plane_with(&["--load-report-interval", "200ms"])
         .await;
     let _sc = net.sidecar(100, &[]).await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    wait_sidecar(
+        net.addr(100, 15000),
+        std::time::Duration::from_secs(5),
+        |v| endpoints_of(v, "backend").len() == 1,
+    )
+    .await;
     let c = load(net.addr(100, 15001), "backend", 2, 50).await;
     assert!(c.failed.is_empty(), "{:?}", c.failed);
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    // The load reports reached the control plane.
+    let ep = net.addr(1, 9090).to_string();
+    wait_cp_json(&net, "/debug/load", |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"][&ep]["requests"]
+            .as_u64()
+            .is_some_and(|n| n >= 50)
+    })
+    .await;
 
     // Series name -> every label name it carries, from both /metrics.
     let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

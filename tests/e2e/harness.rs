@@ -546,6 +546,27 @@ pub async fn wait_cp_config(
     }
 }
 
+/// Polls the control plane's admin `path` (JSON) until `pred` holds (up to
+/// 10 s); returns the value that matched.
+pub async fn wait_cp_json(
+    net: &Net,
+    path: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let v = get_json(net.cp_admin(), path).await;
+        if pred(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "control plane's {path} never matched within 10 s: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The policy of `cluster` in a sidecar's /debug/config.
 pub fn policy_of(v: &serde_json::Value, service: &str) -> String {
     v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["policy"]
@@ -645,20 +666,27 @@ pub const UNEQUAL: [(u8, &[(&str, &str)]); 3] = [
 /// Waits (up to 5 s) for the control plane's connected-streams gauge to
 /// read `want`.
 pub async fn connected_becomes(net: &Net, want: u64) {
+    gauge_becomes(net, "minimesh_xds_connected_proxies", want).await;
+}
+
+/// Waits (up to 5 s) for the control plane's gauge `series` (no labels) to
+/// read `want`.
+pub async fn gauge_becomes(net: &Net, series: &str, want: u64) {
     let mut last = String::new();
+    let prefix = format!("{series} ");
     for _ in 0..100 {
         let (_, _, body) = get(net.cp_admin(), "localhost", "/metrics")
             .await
             .expect("metrics");
         last = body
             .lines()
-            .find(|l| l.starts_with("minimesh_xds_connected_proxies "))
+            .find(|l| l.starts_with(&prefix))
             .unwrap_or("")
             .to_string();
-        if last == format!("minimesh_xds_connected_proxies {want}") {
+        if last == format!("{series} {want}") {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("connected streams never became {want}; last: {last:?}");
+    panic!("{series} never became {want}; last: {last:?}");
 }

@@ -24,15 +24,25 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
     let mut cp = net.control_plane_with(&flags).await;
     let _s1 = net.sidecar(100, &[]).await;
     let _s2 = net.sidecar(101, &[]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await; // reporters connected
+    // Counts made before a reporter's stream is up belong to no report.
+    gauge_becomes(&net, "minimesh_load_reporters_connected", 2).await;
     let (a, b) = tokio::join!(
         load(net.addr(100, 15001), "backend", 5, 900),
         load(net.addr(101, 15001), "backend", 5, 600)
     );
     assert_no_failures(&a, "");
     assert_no_failures(&b, "");
-    tokio::time::sleep(Duration::from_millis(900)).await; // three intervals
-    let view = get_json(net.cp_admin(), "/debug/load").await;
+    // The requests reported, by both reporters (a few intervals).
+    let sent = (a.ok + b.ok) as f64;
+    let view = wait_cp_json(&net, "/debug/load", |v| {
+        let eps = (1..=3).map(|h| net.addr(h, 9090).to_string());
+        let seen: u64 = eps.clone().map(|ep| requests(v, &ep)).sum();
+        let both = eps
+            .clone()
+            .all(|ep| v["clusters"]["backend.default.svc.cluster.local:80"][&ep]["reporters"] == 2);
+        both && seen as f64 >= 0.95 * sent
+    })
+    .await;
     let mut total = 0;
     for h in 1..=3 {
         let ep = net.addr(h, 9090).to_string();
@@ -69,11 +79,17 @@ async fn aggregated_view_matches_the_clients_and_survives_a_restart() {
     // Restart: the view rebuilds from new reports only; nothing is counted twice.
     cp.kill();
     let _cp2 = net.control_plane_with(&flags).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await; // reporters back (backoff ≤ 1 s)
+    // Both reporters back (backoff ≤ 1 s).
+    gauge_becomes(&net, "minimesh_load_reporters_connected", 2).await;
     let c = load(net.addr(100, 15001), "backend", 5, 600).await;
     assert_no_failures(&c, "");
-    tokio::time::sleep(Duration::from_millis(700)).await; // two intervals
-    let view = get_json(net.cp_admin(), "/debug/load").await;
+    let view = wait_cp_json(&net, "/debug/load", |v| {
+        let seen: u64 = (1..=3)
+            .map(|h| requests(v, &net.addr(h, 9090).to_string()))
+            .sum();
+        seen as f64 >= 0.95 * c.ok as f64
+    })
+    .await;
     let total: u64 = (1..=3)
         .map(|h| requests(&view, &net.addr(h, 9090).to_string()))
         .sum();
@@ -134,9 +150,10 @@ async fn absurd_reports_are_dropped_and_logged() {
     tx.send(report(10, -5.0, 3)).await.expect("send");
     tx.send(report(7, 1.0, 4)).await.expect("send");
     tx.send(report(7, 1.0, 4)).await.expect("send"); // a repeat is not counted again
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let view = get_json(net.cp_admin(), "/debug/load").await;
-    assert_eq!(requests(&view, &ep), 7, "{view:#}");
+                                                     // One more, so that the repeat was read once this one is counted.
+    tx.send(report(1, 1.0, 5)).await.expect("send");
+    let view = wait_cp_json(&net, "/debug/load", |v| requests(v, &ep) >= 8).await;
+    assert_eq!(requests(&view, &ep), 8, "{view:#}");
     assert!(cp.log_text().contains("absurd load report dropped"));
 }
 

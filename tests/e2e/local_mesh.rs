@@ -205,7 +205,12 @@ async fn seed_walkthrough_up_curl_apply_get() {
     .await
     .expect("wait");
     assert!(status.0.expect("exit").success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The processes are gone once their listeners are (polled: the kernel
+    // closes a killed process's sockets a moment after it exits).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while get(ingress, "x", "/").await.is_ok() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         get(ingress, "x", "/").await.is_err(),
         "ingress still answers after stop"

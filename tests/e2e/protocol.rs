@@ -105,8 +105,10 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     })
     .await
     .expect("ack");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let ps = get_json(net.cp_admin(), "/debug/proxies").await;
+    let ps = wait_cp_json(&net, "/debug/proxies", |ps| {
+        ps[0]["types"]["Cluster"]["acked"].is_string()
+    })
+    .await;
     assert_eq!(ps[0]["id"], "raw-client.default");
     assert_eq!(
         ps[0]["types"]["Cluster"]["acked"],

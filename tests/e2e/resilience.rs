@@ -403,8 +403,7 @@ async fn retry_on_5xx_hides_a_failing_replica() {
         "rule.yaml",
         "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    retries: {retryOn: \"5xx,sometimes\"}\n",
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let cfg = get_json(net.cp_admin(), "/debug/config").await;
+    let cfg = wait_cp_config(&net, |v| v["errors"][0]["field"].is_string()).await;
     assert_eq!(
         cfg["errors"][0]["field"],
         "spec.trafficPolicy.retries.retryOn"
