@@ -432,8 +432,7 @@ impl H2Pool {
 
     /// Closes connections idle for longer than the idle timeout, and lets
     /// go of retired ones (they close once their streams are done).
-    pub fn sweep(&self, settings: &PoolSettings) {
-        let now = crate::clock::tick();
+    pub fn sweep(&self, settings: &PoolSettings, now: u64) {
         let idle_ms = settings.idle_timeout.as_millis() as u64;
         for l in self.loops.iter() {
             l.lock().conns.retain(|c| {
@@ -636,10 +635,11 @@ mod tests {
             ..SETTINGS
         };
         call(&pool, addr, &s, &open).await;
-        pool.sweep(&s);
+        let now = crate::clock::tick();
+        pool.sweep(&s, now);
         assert_eq!(pool.conns(), 1, "idle for less than the timeout");
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        pool.sweep(&s);
+        // The time is the sweep's to be given: a second later, no sleep.
+        pool.sweep(&s, now + 1_000);
         assert_eq!(pool.conns(), 0, "idle for longer");
         // Its task ends once the pool let go of it.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -128,7 +128,7 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
             let body = crate::pool::UpstreamBody::Buffered(Bytes::new());
             let mut req = encode(&Method::GET, target, &headers, ep.authority.as_str(), body);
             let conns = ConnPool::default();
-            return matches!(conns.send(ep.addr, &settings, &mut req).await, Ok(r) if r.status().is_success());
+            return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick()).await, Ok(r) if r.status().is_success());
         }
         Probe::H2(path) => (Method::GET, path.to_string(), Bytes::new()),
         Probe::Grpc(service) => {

@@ -179,10 +179,12 @@ async fn sweep_pools_forever(routing: Arc<ArcSwap<Routing>>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        // The sweeper is the one clock reader of an idle sidecar.
+        let now = clock::tick();
         let routing = routing.load();
         for c in routing.clusters.values() {
             for e in c.balancer.endpoints() {
-                e.pool().sweep(&c.pool);
+                e.pool().sweep(&c.pool, now);
             }
         }
     }

@@ -157,8 +157,7 @@ impl ConnPool {
             .await
     }
 
-    fn take(&self, settings: &PoolSettings) -> Option<Idle> {
-        let now = crate::clock::now_ms();
+    fn take(&self, settings: &PoolSettings, now: u64) -> Option<Idle> {
         let n = self.idle.len();
         let here = event_loop() as usize % n;
         loop {
@@ -171,12 +170,12 @@ impl ConnPool {
         }
     }
 
-    /// Gives a connection back after its response was read to the end.
-    pub fn put(&self, lease: Lease) {
+    /// Gives a connection back after its response was read to the end, at
+    /// `now` (the sidecar clock's milliseconds).
+    pub fn put(&self, lease: Lease, now: u64) {
         if lease.max_uses > 0 && lease.uses >= lease.max_uses {
             return;
         }
-        let now = crate::clock::now_ms();
         if lease.max_age_ms > 0 && now.saturating_sub(lease.born_ms) > lease.max_age_ms {
             return;
         }
@@ -194,16 +193,15 @@ impl ConnPool {
     }
 
     /// Closes idle connections idle for longer than the idle timeout, older
-    /// than the maximum duration, or already closed.
-    pub fn sweep(&self, settings: &PoolSettings) {
-        let now = crate::clock::tick();
+    /// than the maximum duration, or already closed, at `now`.
+    pub fn sweep(&self, settings: &PoolSettings, now: u64) {
         for stack in self.idle.iter() {
             stack
                 .lock()
                 .retain(|c| !c.conn.is_closed() && !c.expired(now, settings));
         }
         if let Some(h2) = self.h2.get() {
-            h2.sweep(settings);
+            h2.sweep(settings, now);
         }
     }
 
@@ -218,25 +216,28 @@ impl ConnPool {
     /// it while idle: nothing came back) goes out again on a fresh
     /// connection, as Go's and hyper's clients do: that race is not a
     /// failure of the endpoint. Only a request whose head could not even be
-    /// written is resent when it is not idempotent.
+    /// written is resent when it is not idempotent. `now` is the sidecar
+    /// clock's milliseconds (connections' ages are measured in it).
     pub async fn send(
         &self,
         addr: SocketAddr,
         settings: &PoolSettings,
         out: &mut h1::Outgoing,
+        now: u64,
     ) -> Result<Response<H1Body>, UpstreamError> {
-        let (mut conn, mut uses, mut born_ms, mut owner, mut reused) = match self.take(settings) {
-            Some(idle) => (idle.conn, idle.uses, idle.born_ms, idle.owner, true),
-            // Boxed: dialing is rare with keep-alive, and the dial's
-            // state would otherwise widen every request's future.
-            None => (
-                Box::pin(self.connect(addr, settings.connect_timeout)).await?,
-                0,
-                crate::clock::now_ms(),
-                event_loop(),
-                false,
-            ),
-        };
+        let (mut conn, mut uses, mut born_ms, mut owner, mut reused) =
+            match self.take(settings, now) {
+                Some(idle) => (idle.conn, idle.uses, idle.born_ms, idle.owner, true),
+                // Boxed: dialing is rare with keep-alive, and the dial's
+                // state would otherwise widen every request's future.
+                None => (
+                    Box::pin(self.connect(addr, settings.connect_timeout)).await?,
+                    0,
+                    now,
+                    event_loop(),
+                    false,
+                ),
+            };
         loop {
             match conn.exchange(out).await {
                 Ok((head, decoder)) => {
@@ -258,8 +259,7 @@ impl ConnPool {
                 {
                     debug!(%addr, error = %e, "pooled connection closed; resending on a new one");
                     conn = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
-                    (uses, born_ms, owner, reused) =
-                        (0, crate::clock::now_ms(), event_loop(), false);
+                    (uses, born_ms, owner, reused) = (0, now, event_loop(), false);
                 }
                 Err(e) => return Err(UpstreamError::Request(e)),
             }
@@ -324,13 +324,19 @@ mod tests {
         )
     }
 
-    async fn roundtrip(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings) {
+    /// A request and its whole response at `now` (the sidecar clock's
+    /// milliseconds; the tests pass the time, nothing sleeps for it).
+    async fn roundtrip_at(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings, now: u64) {
         use http_body_util::BodyExt;
-        let resp = pool.send(addr, s, &mut get(addr)).await.expect("send");
+        let resp = pool.send(addr, s, &mut get(addr), now).await.expect("send");
         assert_eq!(resp.status(), 200);
         let mut body = resp.into_body();
         while body.frame().await.transpose().expect("body").is_some() {}
-        pool.put(body.take_reusable().expect("reusable"));
+        pool.put(body.take_reusable().expect("reusable"), now);
+    }
+
+    async fn roundtrip(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings) {
+        roundtrip_at(pool, addr, s, 1).await;
     }
 
     const SETTINGS: PoolSettings = PoolSettings {
@@ -399,27 +405,38 @@ mod tests {
         assert_eq!(conns.load(Ordering::Relaxed), 5);
     }
 
+    /// Waits (up to 5 s) for the pool's open count to read `want`: a
+    /// dropped connection's socket closes at once, its count with it.
+    async fn open_becomes(pool: &ConnPool, want: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while pool.open.load(Ordering::Relaxed) != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "open never became {want}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn idle_connections_expire() {
-        // As the sidecar does at startup: the coarse clock's origin, so that
-        // the idle time is measured from now, not from the first sweep.
-        crate::clock::start();
         let (addr, conns) = server(false).await;
         let pool = ConnPool::default();
         let s = PoolSettings {
             idle_timeout: Duration::from_millis(50),
             ..SETTINGS
         };
-        roundtrip(&pool, addr, &s).await;
-        assert_eq!(pool.idle_count(), 1);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pool.sweep(&s);
-        assert_eq!(pool.idle_count(), 0);
-        roundtrip(&pool, addr, &s).await;
+        roundtrip_at(&pool, addr, &s, 1_000).await;
+        pool.sweep(&s, 1_050);
+        assert_eq!(pool.idle_count(), 1, "idle for the timeout, not longer");
+        pool.sweep(&s, 1_051);
+        assert_eq!(pool.idle_count(), 0, "idle for longer");
+        roundtrip_at(&pool, addr, &s, 1_100).await;
         assert_eq!(conns.load(Ordering::Relaxed), 2);
-        // The swept connection's task ends and the open count follows.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(pool.open.load(Ordering::Relaxed), 1);
+        // Checkout skips one idle too long, as the sweep would have.
+        roundtrip_at(&pool, addr, &s, 1_200).await;
+        assert_eq!(conns.load(Ordering::Relaxed), 3);
+        open_becomes(&pool, 1).await;
     }
 
     #[tokio::test]
@@ -431,29 +448,28 @@ mod tests {
             max_connection_ms: 300,
             ..SETTINGS
         };
-        crate::clock::tick();
-        roundtrip(&pool, addr, &s).await;
-        roundtrip(&pool, addr, &s).await;
+        roundtrip_at(&pool, addr, &s, 1_000).await;
+        roundtrip_at(&pool, addr, &s, 1_300).await;
         assert_eq!(conns.load(Ordering::Relaxed), 1, "young: reused");
-        // Idle past the limit: skipped at checkout, and swept.
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        crate::clock::tick();
-        roundtrip(&pool, addr, &s).await;
+        // Past the limit: skipped at checkout, and swept.
+        roundtrip_at(&pool, addr, &s, 1_301).await;
         assert_eq!(conns.load(Ordering::Relaxed), 2, "old: a new one");
         assert_eq!(pool.idle_count(), 1);
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        pool.sweep(&s);
+        pool.sweep(&s, 1_601);
+        assert_eq!(pool.idle_count(), 1, "as old as the limit: kept");
+        pool.sweep(&s, 1_602);
         assert_eq!(pool.idle_count(), 0, "swept");
         // Past the limit while busy: closed once its request is done.
-        crate::clock::tick();
-        let resp = pool.send(addr, &s, &mut get(addr)).await.expect("send");
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        crate::clock::tick();
+        let resp = pool
+            .send(addr, &s, &mut get(addr), 2_000)
+            .await
+            .expect("send");
         let mut body = resp.into_body();
         while body.frame().await.transpose().expect("body").is_some() {}
-        pool.put(body.take_reusable().expect("reusable"));
+        pool.put(body.take_reusable().expect("reusable"), 2_301);
         assert_eq!(pool.idle_count(), 0, "not given back");
         assert_eq!(conns.load(Ordering::Relaxed), 3);
+        open_becomes(&pool, 0).await;
     }
 
     /// A server that answers each request with `response`, one byte per
@@ -514,7 +530,7 @@ mod tests {
             // Twice: the connection must come back reusable, framing intact.
             for _ in 0..2 {
                 let resp = pool
-                    .send(addr, &SETTINGS, &mut get(addr))
+                    .send(addr, &SETTINGS, &mut get(addr), 1)
                     .await
                     .expect("send");
                 assert_eq!(resp.status(), 200);
@@ -529,7 +545,7 @@ mod tests {
                 }
                 assert_eq!(data, want);
                 assert_eq!(got_trailers.map(|t| t["x-sum"].clone()).is_some(), trailers);
-                pool.put(body.take_reusable().expect("reusable"));
+                pool.put(body.take_reusable().expect("reusable"), 1);
             }
             assert_eq!(
                 pool.open.load(Ordering::Relaxed),
@@ -547,7 +563,7 @@ mod tests {
         drop(l);
         let pool = ConnPool::default();
         let err = pool
-            .send(addr, &SETTINGS, &mut get(addr))
+            .send(addr, &SETTINGS, &mut get(addr), 1)
             .await
             .err()
             .expect("refused");

@@ -83,7 +83,7 @@ pub(crate) async fn send(
     let sent = match up {
         Attempt::H1(out) => ep
             .pool()
-            .send(ep.addr, settings, out)
+            .send(ep.addr, settings, out, crate::clock::now_ms())
             .await
             .map(|r| r.map(Upstream::H1)),
         // Boxed: it would otherwise widen every request's future.

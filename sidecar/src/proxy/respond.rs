@@ -51,7 +51,10 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         if let Upstream::H1(body) = &mut self.inner {
             if let Some(lease) = body.take_reusable() {
-                self.guard.endpoint().pool().put(lease);
+                self.guard
+                    .endpoint()
+                    .pool()
+                    .put(lease, crate::clock::now_ms());
             }
         }
     }
