@@ -283,6 +283,25 @@ async fn endpoints_stream(
     (tx, s)
 }
 
+/// Waits until the control plane has taken `acks` ACKs and `nacks` NACKs
+/// of endpoints `version` (from /debug/proxies), so that what a test
+/// changes next reaches streams that answered.
+async fn answered(net: &Net, version: &str, acks: usize, nacks: usize) {
+    wait_cp_json(net, "/debug/proxies", |ps| {
+        let types = ps
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| &p["types"]["ClusterLoadAssignment"]);
+        let acked = types.clone().filter(|t| t["acked"] == version).count();
+        let nacked = types
+            .filter(|t| t["last_nack"]["version"] == version)
+            .count();
+        acked >= acks && nacked >= nacks
+    })
+    .await;
+}
+
 async fn ack(tx: &mpsc::Sender<DiscoveryRequest>, resp: &DiscoveryResponse) {
     tx.send(DiscoveryRequest {
         version_info: resp.version_info.clone(),
@@ -311,7 +330,7 @@ async fn endpoints_responses_carry_only_what_changed_to_a_client_that_keeps_the_
     assert_eq!(assignments(&f1), all);
     ack(&ptx, &p1).await;
     ack(&ftx, &f1).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    answered(&net, &p1.version_info, 2, 0).await;
 
     // One service changes: the partial client gets its assignment alone,
     // under the same version as the whole set.
@@ -327,7 +346,7 @@ async fn endpoints_responses_carry_only_what_changed_to_a_client_that_keeps_the_
     // NACKed: the next response carries that change again, with the new one.
     nack(&ptx, &p1, &p2).await;
     ack(&ftx, &f2).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    answered(&net, &p2.version_info, 1, 1).await;
     net.service("c", &[4, 6]);
     let p3 = next(&mut partial).await;
     assert_eq!(
@@ -336,7 +355,7 @@ async fn endpoints_responses_carry_only_what_changed_to_a_client_that_keeps_the_
     );
     assert_eq!(assignments(&next(&mut full).await).len(), 3);
     ack(&ptx, &p3).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    answered(&net, &p3.version_info, 1, 0).await;
 
     // A service goes: its cluster goes, and the client drops the assignment
     // with it; the endpoints response names nothing new.

@@ -318,24 +318,35 @@ async fn a_half_failing_backend_is_ejected_and_comes_back() {
         }
         assert!(start.elapsed() < Duration::from_secs(10), "never ejected");
     }
-    let ejected_at = tokio::time::Instant::now();
     // While ejected: every request goes to the good endpoint and succeeds.
-    let mut during = 0;
-    while ejected_at.elapsed() < Duration::from_millis(1700) {
+    // A request may reach the bad endpoint only once its sidecar says the
+    // ejection is over (read after the request: no race with the clock).
+    let ejected = |v: &serde_json::Value| {
+        v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"]
+            .as_array()
+            .is_some_and(|eps| {
+                eps.iter()
+                    .any(|e| e["address"] == bad.as_str() && e["ejected"] == true)
+            })
+    };
+    let (mut during, start) = (0, tokio::time::Instant::now());
+    loop {
         let (status, ep, _) = conn.get("backend", "/").await.expect("response");
+        if ep.as_deref() == Some(bad.as_str()) {
+            let v = get_json(net.addr(100, 15000), "/debug/config").await;
+            assert!(!ejected(&v), "a request reached the endpoint while ejected");
+            break;
+        }
         assert_eq!(status, 200);
         assert_eq!(ep.as_deref(), Some(net.addr(2, 9090).to_string().as_str()));
         during += 1;
+        // After the ejection time (2 s) it serves again.
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the ejected endpoint never came back"
+        );
     }
     assert!(during > 20);
-    // After the ejection time it serves again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut back = false;
-    for _ in 0..20 {
-        let (_, ep, _) = conn.get("backend", "/").await.expect("response");
-        back |= ep.as_deref() == Some(bad.as_str());
-    }
-    assert!(back, "the ejected endpoint never came back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,14 +364,17 @@ async fn overflowing_the_connection_pool_is_answered_at_once_with_the_reason() {
     let slow: Vec<_> = (0..4)
         .map(|_| tokio::spawn(async move { get(proxy, "backend", "/").await }))
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let t0 = tokio::time::Instant::now();
+    // The four in flight (and none answered: the backend takes 500 ms).
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(5), |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"][0]["active"] == 4
+    })
+    .await;
     let mut c = Conn::open(proxy).await.expect("connect");
     let (status, _, body) = c.get("backend", "/").await.expect("response");
+    // Answered at once: before any of the four in flight was.
     assert!(
-        t0.elapsed() < Duration::from_millis(100),
-        "overflow took {:?}",
-        t0.elapsed()
+        slow.iter().all(|s| !s.is_finished()),
+        "the overflow waited for a request in flight to end"
     );
     assert_eq!(status, 503);
     assert_eq!(body.trim(), "minimesh: cluster backend.default.svc.cluster.local:80 has 4 requests in flight (connectionPool limit)");
