@@ -163,7 +163,7 @@ async fn forward(
             return overflow(r, "max requests", max);
         }
     };
-    cluster.budget.on_request();
+    cluster.budget.on_request(crate::clock::now_ms());
     let mut tries = Tries::default();
     for attempt in 0..req.attempts {
         if attempt > 0 {

@@ -12,8 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use http::HeaderMap;
 use minimesh_proto::v1::RetryOn;
 
-use crate::clock;
-
 /// Per-cluster retry budget.
 #[derive(Debug)]
 pub struct Budget {
@@ -47,8 +45,8 @@ impl Budget {
     }
 
     #[inline]
-    fn roll(&self) {
-        let now = clock::now_ms() / 1000;
+    fn roll(&self, now_ms: u64) {
+        let now = now_ms / 1000;
         let w = self.window.load(Ordering::Relaxed);
         if w != now
             && self
@@ -76,16 +74,16 @@ impl Budget {
         self.percent == u64::from(percent) && self.min_per_second == u64::from(min_per_second)
     }
 
-    /// Counts a request.
+    /// Counts a request, at `now_ms` (the sidecar clock's milliseconds).
     #[inline]
-    pub fn on_request(&self) {
-        self.roll();
+    pub fn on_request(&self, now_ms: u64) {
+        self.roll(now_ms);
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Takes a retry from the budget; false when it is spent.
-    pub fn try_retry(&self) -> bool {
-        self.roll();
+    /// Takes a retry from the budget at `now_ms`; false when it is spent.
+    pub fn try_retry(&self, now_ms: u64) -> bool {
+        self.roll(now_ms);
         let requests =
             self.requests.load(Ordering::Relaxed) + self.prev_requests.load(Ordering::Relaxed);
         let allowed = requests * self.percent / 100 + 2 * self.min_per_second;
@@ -236,10 +234,11 @@ pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decide, decide_response, Action, Attempted::*, Standing};
+    use super::{decide, decide_response, Action, Attempted::*, Budget, Standing};
     use http::{HeaderMap, HeaderValue};
     use minimesh_proto::headers;
     use minimesh_proto::retry_on::{parse, DEFAULT};
+    use std::sync::atomic::Ordering;
 
     fn at(left: bool, idempotent: bool) -> Standing {
         Standing { left, idempotent }
@@ -295,6 +294,26 @@ mod tests {
                 "{outcome:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_budget_is_a_share_of_requests_plus_a_floor_over_two_seconds() {
+        // 20% of requests plus 10 a second, counted over this second and
+        // the one before (so the floor is 20).
+        let b = Budget::new(20, 10);
+        let take = |now: u64| (0..1_000).take_while(|_| b.try_retry(now)).count();
+        let requests = |now: u64, n: usize| (0..n).for_each(|_| b.on_request(now));
+        assert_eq!(take(5_000), 20, "no requests yet: the floor");
+        requests(5_100, 100);
+        assert_eq!(take(5_200), 20, "100 requests: 20 more");
+        // The next second still sees the last one's requests and retries.
+        assert_eq!(take(6_000), 0);
+        requests(6_500, 100);
+        assert_eq!(take(6_900), 20, "200 requests over two seconds: 60 in all");
+        // A quiet second between: nothing carries over.
+        assert_eq!(take(8_000), 20);
+        assert_eq!(b.retried.load(Ordering::Relaxed), 80);
+        assert_eq!(b.exhausted.load(Ordering::Relaxed), 5);
     }
 
     #[test]

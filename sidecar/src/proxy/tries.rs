@@ -74,7 +74,7 @@ impl Tries {
                 }
             }
         }
-        if !cluster.budget.try_retry() {
+        if !cluster.budget.try_retry(crate::clock::now_ms()) {
             let reason = format!("retry budget exhausted; last: {}", self.last_error);
             return Some(self.fail(StatusCode::SERVICE_UNAVAILABLE, &reason));
         }
