@@ -54,8 +54,9 @@ pub mod fuzz;
 mod request;
 mod response;
 
+pub use crate::message::{idempotent, UpstreamBody};
 use request::*;
-pub use request::{encode, idempotent, Outgoing};
+pub use request::{encode, Outgoing};
 use response::*;
 pub use response::{Chunk, Decoder, Lent, ResponseBody};
 
@@ -69,14 +70,6 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
-
-/// Body sent upstream: buffered (so that a retry can resend it) or streamed.
-pub enum UpstreamBody {
-    /// The whole body, read before the request goes out.
-    Buffered(Bytes),
-    /// The caller's body, passed on as it arrives.
-    Streaming(Incoming),
-}
 
 /// Why an exchange on an upstream connection failed.
 #[derive(Debug, thiserror::Error)]

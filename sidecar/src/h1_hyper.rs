@@ -24,21 +24,7 @@ use hyper::client::conn::http1::{handshake, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// Body sent upstream: buffered (so that a retry can resend it) or streamed.
-pub enum UpstreamBody {
-    /// The whole body, read before the request goes out.
-    Buffered(Bytes),
-    /// The caller's body, passed on as it arrives.
-    Streaming(Incoming),
-}
-
-/// GET, HEAD, OPTIONS, PUT, DELETE or TRACE (RFC 9110 §9.2.2).
-pub fn idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    )
-}
+pub use crate::message::{idempotent, UpstreamBody};
 
 /// A request body as hyper sends it.
 type ReqBody = Either<Full<Bytes>, Incoming>;

@@ -17,6 +17,7 @@ pub mod h2;
 pub mod health;
 pub mod histogram;
 pub mod listener;
+pub mod message;
 pub mod metrics;
 pub mod outlier;
 pub mod pool;

@@ -532,18 +532,7 @@ pub async fn wait_cp_config(
     net: &Net,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let v = get_json(net.cp_admin(), "/debug/config").await;
-        if pred(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "control-plane config never matched within 5 s: {v:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_cp_json(net, "/debug/config", Duration::from_secs(5), pred).await
 }
 
 /// Polls the control plane's admin `path` (JSON) until `pred` holds (up to
@@ -553,6 +542,15 @@ pub async fn wait_cp_json(
     path: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
+    poll_cp_json(net, path, Duration::from_secs(10), pred).await
+}
+
+async fn poll_cp_json(
+    net: &Net,
+    path: &str,
+    within: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let start = Instant::now();
     loop {
         let v = get_json(net.cp_admin(), path).await;
@@ -560,8 +558,8 @@ pub async fn wait_cp_json(
             return v;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "control plane's {path} never matched within 10 s: {v:#}"
+            start.elapsed() < within,
+            "control plane's {path} never matched within {within:?}: {v:#}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

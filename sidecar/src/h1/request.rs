@@ -119,15 +119,6 @@ pub fn encode(
     }
 }
 
-/// GET, HEAD, OPTIONS, PUT, DELETE or TRACE (RFC 9110 §9.2.2): safe to
-/// send again when an attempt failed before a response.
-pub fn idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    )
-}
-
 pub(super) fn bodyless_method(m: &Method) -> bool {
     matches!(
         *m,
