@@ -1,0 +1,60 @@
+//! The one-sidecar path set against each peer round by round: ratios and
+//! differences measured in the same round, their medians, and in how many
+//! rounds the sidecar was ahead or even.
+
+use super::*;
+
+/// One sidecar against a peer, round by round: both measured in the same
+/// round, minutes apart at most, so a change in the machine's load between
+/// rounds cancels out of each ratio.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    /// The peer (`nginx`, `haproxy`).
+    pub peer: String,
+    /// Sidecar max RPS / peer max RPS, per round.
+    pub max_rps_ratio: Vec<f64>,
+    /// Sidecar p50 - peer p50 at the fixed rate, per round, ms (negative:
+    /// the sidecar added less).
+    pub p50_diff_ms: Vec<f64>,
+    /// Sidecar p99 - peer p99 at the fixed rate, per round, ms.
+    pub p99_diff_ms: Vec<f64>,
+}
+
+/// The one-sidecar path against every peer path in `results`.
+pub(super) fn paired(results: &[PathResult]) -> Vec<Paired> {
+    let Some(sidecar) = results.iter().find(|r| r.path.starts_with("one sidecar")) else {
+        return Vec::new();
+    };
+    let per_round = |a: &[f64], b: &[f64], f: fn(f64, f64) -> f64| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| f(*x, *y)).collect()
+    };
+    results
+        .iter()
+        .filter(|r| r.path.ends_with("(-> app)") && !r.path.starts_with("one sidecar"))
+        .map(|peer| Paired {
+            peer: peer.path.trim_end_matches(" (-> app)").to_string(),
+            max_rps_ratio: per_round(&sidecar.max_rps_rounds, &peer.max_rps_rounds, |s, p| {
+                s / p.max(1.0)
+            }),
+            p50_diff_ms: per_round(&sidecar.p50_ms_rounds, &peer.p50_ms_rounds, |s, p| s - p),
+            p99_diff_ms: per_round(&sidecar.p99_ms_rounds, &peer.p99_ms_rounds, |s, p| s - p),
+        })
+        .collect()
+}
+
+/// A line of per-round values, their median, and in how many rounds the
+/// sidecar was ahead of the peer or even (`better`).
+pub(super) fn paired_line(
+    values: &[f64],
+    better: fn(f64) -> bool,
+    show: fn(f64) -> String,
+) -> String {
+    let list: Vec<String> = values.iter().map(|v| show(*v)).collect();
+    let wins = values.iter().filter(|v| better(**v)).count();
+    format!(
+        "{} (median {}; the sidecar ahead or even in {wins} of {})",
+        list.join(" "),
+        show(median(values.to_vec())),
+        values.len()
+    )
+}
