@@ -178,20 +178,15 @@ impl Tries {
         attempts: u32,
     ) -> Response<ResponseBody> {
         match (outcome, sent) {
-            (Attempted::TimedOut, _) => local(StatusCode::GATEWAY_TIMEOUT, &self.last_error),
+            // A timed-out attempt may have been delivered: never unprocessed.
+            (Attempted::TimedOut, _) => self.fail(StatusCode::GATEWAY_TIMEOUT, &self.last_error),
             (Attempted::RefusedStream | Attempted::Reset, Sent::Failed(e)) => {
-                let addr = self.last.as_ref().map(|e| e.addr);
-                let reason = format!(
-                    "upstream {} failed: {}",
-                    addr.map(|a| a.to_string()).unwrap_or_default(),
-                    source_chain(e)
-                );
-                let r = local(StatusCode::BAD_GATEWAY, &reason);
-                if self.delivered {
-                    r
-                } else {
-                    unprocessed(r)
-                }
+                let addr = self
+                    .last
+                    .as_ref()
+                    .map_or(String::new(), |ep| ep.addr.to_string());
+                let reason = format!("upstream {addr} failed: {}", source_chain(e));
+                self.fail(StatusCode::BAD_GATEWAY, &reason)
             }
             _ => self.exhausted(attempts),
         }
