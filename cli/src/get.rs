@@ -25,12 +25,26 @@ pub struct GetArgs {
     /// `table` or `json`.
     #[arg(short, long, default_value = "table", value_parser = ["table", "json"])]
     pub output: String,
+    /// Admin address of the control plane to ask (host:port), for one not
+    /// started by `minimesh up`; default: the local mesh's, from --home.
+    #[arg(long, env = "MINIMESH_CONTROL_PLANE_ADMIN")]
+    pub control_plane_admin: Option<std::net::SocketAddr>,
+}
+
+/// The control plane's admin address: `flag`, or the local mesh's.
+pub fn admin_addr(
+    home: &std::path::Path,
+    flag: Option<std::net::SocketAddr>,
+) -> anyhow::Result<String> {
+    match flag {
+        Some(a) => Ok(a.to_string()),
+        None => Ok(MeshState::load(home)?.control_plane_admin.to_string()),
+    }
 }
 
 /// `minimesh get`.
 pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
-    let state = MeshState::load(&home)?;
-    let admin = state.control_plane_admin.to_string();
+    let admin = admin_addr(&home, args.control_plane_admin)?;
     let path = match args.what {
         What::Rules => "/debug/config",
         What::Endpoints => "/debug/endpoints",
@@ -112,7 +126,7 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
         }
         What::Proxies => {
             println!(
-                "{:<36} {:<7} {:<40} {:<40} {:<40} LAST NACK",
+                "{:<36} {:<13} {:<40} {:<40} {:<40} LAST NACK",
                 "NAME", "STREAM", "CLUSTERS", "ENDPOINTS", "ROUTES"
             );
             for p in v.as_array().into_iter().flatten() {
@@ -137,13 +151,16 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
                     })
                     .collect::<Vec<_>>()
                     .join("; ");
+                // An xDS v3 client (Envoy, proxyless gRPC) routes with
+                // Envoy's RouteConfiguration (reached through a Listener).
+                let v3 = s(&p["protocol"]).starts_with("xds-v3");
                 println!(
-                    "{:<36} {:<7} {:<40} {:<40} {:<40} {}",
+                    "{:<36} {:<13} {:<40} {:<40} {:<40} {}",
                     s(&p["id"]),
                     s(&p["protocol"]),
                     t("Cluster"),
                     t("ClusterLoadAssignment"),
-                    t("Route"),
+                    t(if v3 { "RouteConfiguration" } else { "Route" }),
                     nack
                 );
             }

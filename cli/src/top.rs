@@ -16,6 +16,10 @@ pub struct TopArgs {
     /// Refresh interval.
     #[arg(long, default_value = "1s", value_parser = minimesh_control_plane::duration)]
     pub interval: Duration,
+    /// Admin address of the control plane to ask (host:port), for one not
+    /// started by `minimesh up`; default: the local mesh's, from --home.
+    #[arg(long, env = "MINIMESH_CONTROL_PLANE_ADMIN")]
+    pub control_plane_admin: Option<std::net::SocketAddr>,
 }
 
 /// Renders the view as a table.
@@ -58,8 +62,11 @@ pub fn render(view: &serde_json::Value, endpoints: &serde_json::Value) -> String
 
 /// `minimesh top`.
 pub async fn run(home: PathBuf, args: TopArgs) -> anyhow::Result<()> {
-    let state = MeshState::load(&home)?;
-    let admin = state.control_plane_admin.to_string();
+    let admin = crate::get::admin_addr(&home, args.control_plane_admin)?;
+    let name = match args.control_plane_admin {
+        Some(a) => format!("control plane {a}"),
+        None => MeshState::load(&home)?.name,
+    };
     loop {
         let view = get_json(&admin, "/debug/load").await?;
         let endpoints = get_json(&admin, "/debug/endpoints").await?;
@@ -71,7 +78,7 @@ pub async fn run(home: PathBuf, args: TopArgs) -> anyhow::Result<()> {
         // Clear the screen and home the cursor, as top does.
         print!(
             "\x1b[2J\x1b[H{} over the last {}s\n\n{table}",
-            state.name, view["window_seconds"]
+            name, view["window_seconds"]
         );
         tokio::select! {
             _ = tokio::time::sleep(args.interval) => {}

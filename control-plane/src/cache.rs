@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use minimesh_proto::v1::ClusterLoadAssignment;
 use minimesh_proto::{
-    prost::Message, prost_types::Any, to_any, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE,
+    prost::Message, prost_types::Any, to_any, xds_v3, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE,
+    ROUTE_TYPE,
 };
 use tokio::sync::watch;
 
@@ -71,12 +72,14 @@ impl Snapshot {
 /// Holds the current snapshot and tells streams when it changes.
 pub struct Cache {
     tx: watch::Sender<Arc<Snapshot>>,
+    /// How the xDS v3 encoding is written.
+    v3: crate::xds_v3::Options,
 }
 
 impl Default for Cache {
     fn default() -> Self {
         let mut snap = Snapshot::default();
-        for t in ALL_TYPES {
+        for t in ALL_TYPES.into_iter().chain(xds_v3::ALL_TYPES) {
             snap.types.insert(
                 t,
                 Arc::new(TypeSnapshot {
@@ -86,11 +89,22 @@ impl Default for Cache {
             );
         }
         let (tx, _) = watch::channel(Arc::new(snap));
-        Cache { tx }
+        Cache {
+            tx,
+            v3: Default::default(),
+        }
     }
 }
 
 impl Cache {
+    /// An empty cache writing the xDS v3 encoding with `v3`.
+    pub fn new(v3: crate::xds_v3::Options) -> Self {
+        Cache {
+            v3,
+            ..Cache::default()
+        }
+    }
+
     /// A receiver that sees every published snapshot.
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.tx.subscribe()
@@ -101,9 +115,11 @@ impl Cache {
         self.tx.borrow().clone()
     }
 
-    /// Publishes `resources`; returns true when anything changed (an
-    /// unchanged set publishes nothing and wakes no stream).
+    /// Publishes `resources`, in minimesh's encoding and Envoy's (xDS v3);
+    /// returns true when anything changed (an unchanged set publishes
+    /// nothing and wakes no stream).
     pub fn update(&self, resources: &Resources) -> bool {
+        let v3 = crate::xds_v3::encode(resources, self.v3);
         let old = self.current();
         let mut next = Snapshot {
             types: BTreeMap::new(),
@@ -111,13 +127,17 @@ impl Cache {
         };
         let generation = old.generation + 1;
         let mut changed = false;
-        for t in ALL_TYPES {
+        for t in ALL_TYPES.into_iter().chain(xds_v3::ALL_TYPES) {
             let prev = old.types.get(t).map(|p| p.as_ref());
             let new_type = match t {
                 CLUSTER_TYPE => build(t, &resources.clusters, prev, generation),
                 ENDPOINTS_TYPE => build(t, &resources.endpoints, prev, generation),
                 ROUTE_TYPE => build(t, &resources.routes, prev, generation),
-                _ => unreachable!("ALL_TYPES lists the three types"),
+                xds_v3::CLUSTER_TYPE => build(t, &v3.clusters, prev, generation),
+                xds_v3::ENDPOINTS_TYPE => build(t, &v3.endpoints, prev, generation),
+                xds_v3::LISTENER_TYPE => build(t, &v3.listeners, prev, generation),
+                xds_v3::ROUTE_CONFIG_TYPE => build(t, &v3.routes, prev, generation),
+                _ => unreachable!("the type lists name seven types"),
             };
             match old.types.get(t) {
                 Some(prev) if prev.version == new_type.version => {

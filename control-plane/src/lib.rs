@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod source;
 pub mod store;
 pub mod translate;
+pub mod xds_v3;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -95,6 +96,13 @@ pub struct Args {
     /// Sliding window of the aggregated load view.
     #[arg(long, env = "MINIMESH_LOAD_WINDOW", default_value = "10s", value_parser = duration)]
     pub load_window: Duration,
+    /// xDS v3 (Envoy, proxyless gRPC): send each cluster's policy alone, with no
+    /// standard fallback, so that a client lacking it (gRPC has no RANDOM,
+    /// MAGLEV or PEAK_EWMA) rejects the cluster, visibly in `minimesh get
+    /// proxies`, and keeps its last good config. Off: such a client is sent the
+    /// nearest policy it implements (see the README's policy mapping).
+    #[arg(long, env = "MINIMESH_XDS_V3_EXACT_POLICIES")]
+    pub xds_v3_exact_policies: bool,
 }
 
 /// Parses a flag duration (`100ms`, `1s`, `2m`).
@@ -106,7 +114,9 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
-    let cache = Arc::new(Cache::default());
+    let cache = Arc::new(Cache::new(xds_v3::Options {
+        exact_policies: args.xds_v3_exact_policies,
+    }));
     let proxies = Arc::new(discovery::registry::Registry::default());
     let aggregator = Arc::new(load::Aggregator::new(args.load_window));
     load::metrics::LoadMetrics {

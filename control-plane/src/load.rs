@@ -321,6 +321,8 @@ impl Aggregator {
                 json!({
                     "rps": t.issued as f64 / window,
                     "requests": t.issued,
+                    "succeeded": t.succeeded,
+                    "failed": t.failed,
                     "success_ratio": if done > 0 { t.succeeded as f64 / done as f64 } else { 1.0 },
                     "in_flight": t.in_flight,
                     "p50_ms": quantile(&t.latency, 0.5),
@@ -337,6 +339,8 @@ impl Aggregator {
                     json!({
                         "rps": 0.0,
                         "requests": 0,
+                        "succeeded": 0,
+                        "failed": 0,
                         "success_ratio": 1.0,
                         "in_flight": 0,
                         "p50_ms": null,
@@ -387,18 +391,24 @@ impl LoadReportingService for LoadReports {
         &self,
         request: tonic::Request<tonic::Streaming<LoadStatsRequest>>,
     ) -> Result<tonic::Response<Self::StreamLoadStatsStream>, Status> {
+        Ok(tonic::Response::new(self.open(request.into_inner())))
+    }
+}
+
+impl LoadReports {
+    /// A load-report stream reading the reports of `inbound` (minimesh's
+    /// messages; [`crate::xds_v3::lrs`] converts Envoy's to them).
+    pub(crate) fn open<I>(&self, inbound: I) -> BoxStream<LoadStatsResponse>
+    where
+        I: futures_util::Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
+    {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
             sent_interval: 0,
             reporters: self.reporters.clone(),
         };
-        let stream = drive(
-            session,
-            request.into_inner(),
-            self.la.report_interval_ms.subscribe(),
-        );
-        Ok(tonic::Response::new(stream))
+        drive(session, inbound, self.la.report_interval_ms.subscribe())
     }
 }
 
@@ -451,8 +461,8 @@ impl Session for LoadSession {
                 }
             }
             self.send_interval(*interval, out);
-            return Ok(());
         }
+        // The first report may carry load too (Envoy's and gRPC's may).
         self.aggregator.add(&self.node, &req);
         Ok(())
     }

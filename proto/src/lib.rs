@@ -86,3 +86,34 @@ pub fn to_any(type_url: &str, msg: &impl prost::Message) -> prost_types::Any {
         value: msg.encode_to_vec(),
     }
 }
+
+/// Type URLs of Envoy's xDS v3 resources, as the control plane serves them to
+/// Envoy and to gRPC's xDS clients (the messages are Envoy's, from the
+/// `envoy-types` crate; only the names live here, beside minimesh's own).
+pub mod xds_v3 {
+    /// `envoy.config.listener.v3.Listener`.
+    pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    /// `envoy.config.route.v3.RouteConfiguration`.
+    pub const ROUTE_CONFIG_TYPE: &str =
+        "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    /// `envoy.config.cluster.v3.Cluster`.
+    pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    /// `envoy.config.endpoint.v3.ClusterLoadAssignment`.
+    pub const ENDPOINTS_TYPE: &str =
+        "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+    /// Every type, in the order xDS pushes them so that nothing points at
+    /// what the client does not have yet: clusters, their endpoints, then
+    /// listeners and the route configurations they name.
+    pub const ALL_TYPES: [&str; 4] = [
+        CLUSTER_TYPE,
+        ENDPOINTS_TYPE,
+        LISTENER_TYPE,
+        ROUTE_CONFIG_TYPE,
+    ];
+
+    /// The RouteConfiguration holding a virtual host for every service port,
+    /// for a proxy whose own listener routes by authority (Envoy with
+    /// `deploy/envoy/bootstrap.yaml`); gRPC clients use the per-port ones.
+    pub const OUTBOUND_ROUTE_CONFIG: &str = "minimesh-outbound";
+}

@@ -21,7 +21,7 @@ fn interop(script: &str) -> PathBuf {
 
 /// Installs grpcio once per test run: the tests run in parallel, and two pip
 /// installs into one directory would race.
-async fn grpcio() {
+pub(crate) async fn grpcio() {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED
         .get_or_init(|| async {

@@ -19,3 +19,4 @@ mod protocol;
 mod rapid_reset;
 mod resilience;
 mod upstream_http;
+mod xds_v3;

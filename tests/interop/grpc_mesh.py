@@ -6,7 +6,8 @@ client prints.
 
 Usage:
   grpc_mesh.py install                      install grpcio if it is missing
-  grpc_mesh.py server NAME HOST:PORT        serve mesh.Echo until killed
+  grpc_mesh.py server NAME HOST:PORT [MS]   serve mesh.Echo until killed
+                                            (Who answers after MS milliseconds)
   grpc_mesh.py client PROXY AUTHORITY N     call every method through PROXY
   grpc_mesh.py who PROXY AUTHORITY N        only the N calls of Who
 
@@ -30,11 +31,14 @@ def identity(b):
     return b
 
 
-def serve(name, addr):
+def serve(name, addr, delay_ms=0):
     grpc = ensure_grpc()
+    import time
     from concurrent import futures
 
     def who(request, context):
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
         return name.encode()
 
     def fail(request, context):
@@ -68,7 +72,7 @@ def serve(name, addr):
         # HealthCheckResponse.status (field 1): 1 SERVING, 2 NOT_SERVING.
         return b"\x08\x02" if name.endswith("-3") else b"\x08\x01"
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     server.add_generic_rpc_handlers((
         grpc.method_handlers_generic_handler("mesh.Echo", handlers),
         grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": unary(check)}),
@@ -133,6 +137,8 @@ def main():
             ensure_grpc()
         case ["server", name, addr]:
             serve(name, addr)
+        case ["server", name, addr, delay_ms]:
+            serve(name, addr, int(delay_ms))
         case ["client", proxy, authority, n]:
             client(proxy, authority, int(n))
         case ["who", proxy, authority, n]:

@@ -16,7 +16,7 @@ use minimesh_proto::v1::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     ErrorDetail, Node, Resource,
 };
-use minimesh_proto::{ALL_TYPES, ENDPOINTS_TYPE, PARTIAL_ENDPOINTS};
+use minimesh_proto::{xds_v3, ALL_TYPES, ENDPOINTS_TYPE, PARTIAL_ENDPOINTS};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
@@ -75,7 +75,24 @@ impl Discovery {
     where
         I: Stream<Item = Result<DiscoveryRequest, Status>> + Send + Unpin + 'static,
     {
-        self.open::<Sotw, _>(inbound)
+        self.open::<Sotw, _>(inbound, Encoding::Minimesh)
+    }
+
+    /// A state-of-the-world stream serving Envoy's resources (xDS v3); its
+    /// envelopes are converted by the caller ([`crate::xds_v3::ads`]).
+    pub(crate) fn sotw_v3<I>(&self, inbound: I) -> BoxStream<DiscoveryResponse>
+    where
+        I: Stream<Item = Result<DiscoveryRequest, Status>> + Send + Unpin + 'static,
+    {
+        self.open::<Sotw, _>(inbound, Encoding::EnvoyV3)
+    }
+
+    /// An incremental stream serving Envoy's resources (xDS v3).
+    pub(crate) fn delta_v3<I>(&self, inbound: I) -> BoxStream<DeltaDiscoveryResponse>
+    where
+        I: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + Unpin + 'static,
+    {
+        self.open::<Delta, _>(inbound, Encoding::EnvoyV3)
     }
 
     /// A delta stream answering the requests of `inbound`.
@@ -83,19 +100,24 @@ impl Discovery {
     where
         I: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + Unpin + 'static,
     {
-        self.open::<Delta, _>(inbound)
+        self.open::<Delta, _>(inbound, Encoding::Minimesh)
     }
 
     /// A stream of protocol `P` reading the client's requests from `inbound`.
-    fn open<P, I>(&self, inbound: I) -> BoxStream<P::Response>
+    fn open<P, I>(&self, inbound: I, encoding: Encoding) -> BoxStream<P::Response>
     where
         P: Protocol,
         I: Stream<Item = Result<P::Request, Status>> + Send + Unpin + 'static,
     {
         self.metrics.connected.inc();
+        let (served, name) = match encoding {
+            Encoding::Minimesh => (&ALL_TYPES[..], P::NAME),
+            Encoding::EnvoyV3 => (&xds_v3::ALL_TYPES[..], P::V3_NAME),
+        };
         let stream = XdsStream::<P> {
+            served,
             ledger: Ledger {
-                handle: self.registry.connect(P::NAME),
+                handle: self.registry.connect(name),
                 metrics: self.metrics.clone(),
                 nonce: 0,
             },
@@ -106,12 +128,22 @@ impl Discovery {
     }
 }
 
+/// Which resources a stream serves: minimesh's own, or Envoy's (xDS v3).
+/// Both come from the same cache and the same translation.
+#[derive(Clone, Copy)]
+enum Encoding {
+    Minimesh,
+    EnvoyV3,
+}
+
 /// What differs between the state-of-the-world and the delta protocol; the
 /// rest (the registry, metrics, nonces, ACK/NACK bookkeeping) is
 /// [`XdsStream`]'s.
 trait Protocol: Send + Unpin + Sized + 'static {
     /// As the registry and `/debug/proxies` name it.
     const NAME: &'static str;
+    /// The same, for a stream of Envoy's resources.
+    const V3_NAME: &'static str;
     type Request: Send + 'static;
     type Response: Send + Unpin + 'static;
     /// What the stream knows of one resource type.
@@ -136,6 +168,8 @@ trait Protocol: Send + Unpin + Sized + 'static {
 
 /// One discovery stream of either protocol.
 struct XdsStream<P: Protocol> {
+    /// The type URLs this stream serves, in push order.
+    served: &'static [&'static str],
     ledger: Ledger,
     types: TypeMap<P::State>,
     /// The client keeps endpoint assignments a state-of-the-world response
@@ -167,7 +201,7 @@ impl<P: Protocol> Session for XdsStream<P> {
 
     fn on_change(&mut self, snap: &Arc<Snapshot>, out: &mut VecDeque<P::Response>) {
         // Clusters before endpoints before routes, as xDS orders pushes.
-        for t in ALL_TYPES {
+        for &t in self.served {
             if self.types.contains_key(t) {
                 P::push(self, t, snap, false, out);
             }
@@ -191,7 +225,7 @@ impl<P: Protocol> XdsStream<P> {
             self.ledger.handle.set_node(node);
             self.partial_endpoints = node.client_features.iter().any(|f| f == PARTIAL_ENDPOINTS);
         }
-        let t = known_type(type_url)?;
+        let t = known_type(type_url, self.served)?;
         Ok((t, !self.types.contains_key(t)))
     }
 }
@@ -249,15 +283,15 @@ impl Ledger {
     }
 }
 
-fn known_type(type_url: &str) -> Result<&'static str, Status> {
-    ALL_TYPES
+fn known_type(type_url: &str, served: &[&'static str]) -> Result<&'static str, Status> {
+    served
         .iter()
         .find(|t| **t == type_url)
         .copied()
         .ok_or_else(|| {
             Status::invalid_argument(format!(
                 "unknown type_url {type_url:?}; this control plane serves {}",
-                ALL_TYPES.join(", ")
+                served.join(", ")
             ))
         })
 }
@@ -288,6 +322,7 @@ struct Sotw;
 
 impl Protocol for Sotw {
     const NAME: &'static str = "sotw";
+    const V3_NAME: &'static str = "xds-v3 sotw";
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
     type State = SotwType;
@@ -414,6 +449,7 @@ fn too_many_names(t: &str) -> Status {
 
 impl Protocol for Delta {
     const NAME: &'static str = "delta";
+    const V3_NAME: &'static str = "xds-v3 delta";
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
     type State = DeltaType;
