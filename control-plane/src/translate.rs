@@ -235,7 +235,9 @@ pub fn translate(
                     .or_insert_with(|| RuleStatus {
                         accepted: true,
                         reason: "Accepted".into(),
-                        message: String::new(),
+                        message: crate::xds_v3::clusters::standard_clients_note(vr.resolved.policy)
+                            .unwrap_or_default()
+                            .to_string(),
                         policy: Some(vr.resolved.policy.as_str()),
                         clusters: vec![],
                     })
@@ -282,6 +284,7 @@ pub fn translate(
                 .collect();
             if let (false, Some(st)) = (unmatched.is_empty(), status.get_mut(*key)) {
                 let ports: Vec<String> = tcp_ports.iter().map(|p| p.port.to_string()).collect();
+                let note = std::mem::take(&mut st.message);
                 st.message = format!(
                     "spec.trafficPolicy.portLevelSettings: service {}.{} has no port {} (its ports: {}); those settings apply to no traffic",
                     skey.name,
@@ -289,6 +292,9 @@ pub fn translate(
                     unmatched.join(", "),
                     ports.join(", ")
                 );
+                if !note.is_empty() {
+                    st.message = format!("{}; {note}", st.message);
+                }
             }
         }
         if route.ports.is_empty() {

@@ -20,3 +20,4 @@ mod rapid_reset;
 mod resilience;
 mod upstream_http;
 mod xds_v3;
+mod xds_v3_envoy;

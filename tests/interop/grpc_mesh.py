@@ -11,20 +11,14 @@ Usage:
   grpc_mesh.py client PROXY AUTHORITY N     call every method through PROXY
   grpc_mesh.py who PROXY AUTHORITY N        only the N calls of Who
 
-The service mesh.Echo is defined by hand with raw-bytes messages, so no
-protobuf compiler is needed:
-  Who     unary: the server's name
-  Fail    unary: NOT_FOUND "no such thing" (a trailers-only response)
-  Flaky   unary: UNAVAILABLE from servers whose name ends in -3, else the name
-  Count   client streaming: the server's name and how many bytes it got
-  Repeat  server streaming: three messages naming the server
-and grpc.health.v1.Health/Check (gRPC's health checking protocol): SERVING,
-or NOT_SERVING from servers whose name ends in -3.
+The server is the demo service of examples/grpc/echo.py (mesh.Echo, raw-bytes
+messages, so no protobuf compiler is needed; its methods are listed there).
 """
 
+import os
 import sys
 
-from grpcio_client import ensure_grpc
+from grpcio_client import ROOT, ensure_grpc
 
 
 def identity(b):
@@ -32,55 +26,12 @@ def identity(b):
 
 
 def serve(name, addr, delay_ms=0):
+    """The demo service of examples/grpc/echo.py."""
     grpc = ensure_grpc()
-    import time
-    from concurrent import futures
+    sys.path.insert(0, os.path.join(ROOT, "examples", "grpc"))
+    import echo
 
-    def who(request, context):
-        if delay_ms:
-            time.sleep(delay_ms / 1000)
-        return name.encode()
-
-    def fail(request, context):
-        context.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
-
-    def flaky(request, context):
-        if name.endswith("-3"):
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"{name} is unavailable")
-        return name.encode()
-
-    def count(requests, context):
-        total = sum(len(m) for m in requests)
-        return f"{name} got {total} bytes".encode()
-
-    def repeat(request, context):
-        for i in range(3):
-            yield f"{name} {i}".encode()
-
-    unary = lambda f: grpc.unary_unary_rpc_method_handler(
-        f, request_deserializer=identity, response_serializer=identity)
-    handlers = {
-        "Who": unary(who),
-        "Fail": unary(fail),
-        "Flaky": unary(flaky),
-        "Count": grpc.stream_unary_rpc_method_handler(
-            count, request_deserializer=identity, response_serializer=identity),
-        "Repeat": grpc.unary_stream_rpc_method_handler(
-            repeat, request_deserializer=identity, response_serializer=identity),
-    }
-    def check(request, context):
-        # HealthCheckResponse.status (field 1): 1 SERVING, 2 NOT_SERVING.
-        return b"\x08\x02" if name.endswith("-3") else b"\x08\x01"
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-    server.add_generic_rpc_handlers((
-        grpc.method_handlers_generic_handler("mesh.Echo", handlers),
-        grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": unary(check)}),
-    ))
-    server.add_insecure_port(addr)
-    server.start()
-    print(f"{name} serving on {addr}", flush=True)
-    server.wait_for_termination()
+    echo.serve(grpc, name, addr, delay_ms)
 
 
 def client(proxy, authority, n, who_only=False):
