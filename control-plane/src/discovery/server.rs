@@ -214,6 +214,16 @@ impl<P: Protocol> Session for XdsStream<P> {
 }
 
 impl<P: Protocol> XdsStream<P> {
+    /// Whether a state-of-the-world response of type `t` may carry only the
+    /// resources that changed since the client's last ACK: minimesh's
+    /// endpoint assignments for a client with [`PARTIAL_ENDPOINTS`]; Envoy's
+    /// for every xDS v3 client, whose protocol requires it to keep the
+    /// assignments a response leaves out (only listeners and clusters are
+    /// sent whole).
+    fn partial(&self, t: &str) -> bool {
+        (t == ENDPOINTS_TYPE && self.partial_endpoints) || t == xds_v3::ENDPOINTS_TYPE
+    }
+
     /// What every request starts with: the node it names (the first of a
     /// stream does), its type, and whether it is the first for that type.
     fn begin(
@@ -313,7 +323,8 @@ struct SotwType {
 
 /// The state-of-the-world protocol: every response carries every
 /// subscribed resource of its type, except endpoint assignments to a
-/// client with the partial-endpoints feature: those that changed since the
+/// client with the partial-endpoints feature, and to every xDS v3 client
+/// (see `XdsStream::partial`): those that changed since the
 /// generation it last ACKed (every one on its first request or a new
 /// subscription). Envoy's xDS allows this for every type but listeners and
 /// clusters; the client drops an assignment when its cluster goes (the
@@ -368,13 +379,14 @@ impl Protocol for Sotw {
         force: bool,
         out: &mut VecDeque<DiscoveryResponse>,
     ) {
+        let partial = stream.partial(t);
         let Some(state) = stream.types.get_mut(t) else {
             return;
         };
         let empty = Arc::new(TypeSnapshot::default());
         let ts = snap.get(t).unwrap_or(&empty);
         // Entries changed after `since` are sent; all when None.
-        let since = match (force, t == ENDPOINTS_TYPE && stream.partial_endpoints) {
+        let since = match (force, partial) {
             (false, true) => state.acked_generation,
             _ => None,
         };
