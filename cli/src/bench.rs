@@ -81,6 +81,12 @@ pub struct BenchArgs {
     /// every 10 s).
     #[arg(long)]
     pub load_aware: bool,
+    /// For `control-plane`: the simulated clients speak Envoy's xDS v3, as
+    /// Envoy with deploy/envoy/bootstrap.yaml does (ADS state of the world:
+    /// clusters, their endpoints by name, the outbound routes; LRS per
+    /// endpoint), instead of minimesh's protocol as sidecars do.
+    #[arg(long)]
+    pub xds_v3: bool,
     /// For `control-plane`: endpoints of the one service every simulated
     /// sidecar calls and reports on, 3 by default (1 to 995: the 5 changes
     /// add one each, up to an EndpointSlice's limit of 1,000).
@@ -140,6 +146,9 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         if args.services.is_some() {
             bail!("--services: only `minimesh bench control-plane` takes it");
         }
+        if args.xds_v3 {
+            bail!("--xds-v3: only `minimesh bench control-plane` takes it");
+        }
     }
     if args.scenario == "overhead" {
         let generator = overhead::Generator::choose(&args.load_generator)?;
@@ -154,6 +163,7 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
             &args.sidecars,
             args.network,
             args.load_aware,
+            args.xds_v3,
             args.endpoints.unwrap_or(3) as usize,
             args.services.unwrap_or(1) as usize,
         )

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 mod sidecar;
+mod v3;
 use sidecar::*;
 
 /// Figures for one N.
@@ -53,6 +54,9 @@ pub struct ScaleResult {
     pub kib_per_sidecar: f64,
     /// Every service had a LOAD_AWARE rule (`--load-aware`).
     pub load_aware: bool,
+    /// What the simulated clients spoke: `minimesh` (as sidecars) or
+    /// `xds-v3` (as Envoy, `--xds-v3`).
+    pub protocol: &'static str,
     /// Load-report interval the control plane asked for, ms.
     pub report_interval_ms: u64,
     /// Load reports received a second, at steady state.
@@ -138,12 +142,15 @@ fn load_aware_rules(services: usize) -> String {
 const SETTLED_SECS: u64 = 3;
 const SETTLE_LIMIT_SECS: u64 = 60;
 
+/// EndpointSlice changes made in each run.
+const CHANGES: usize = 5;
+
 async fn one(
     n: usize,
     dir: &Path,
-    changes: usize,
     network: Ipv4Addr,
     load_aware: bool,
+    xds_v3: bool,
     endpoints: usize,
     services: usize,
 ) -> anyhow::Result<ScaleResult> {
@@ -196,7 +203,11 @@ async fn one(
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        tasks.push(tokio::spawn(sidecar(xds, i, shared.clone())));
+        tasks.push(if xds_v3 {
+            tokio::spawn(v3::client(xds, i, shared.clone()))
+        } else {
+            tokio::spawn(sidecar(xds, i, shared.clone()))
+        });
         if i % 100 == 99 {
             // Connect in waves, as sidecars of a rolling deployment would.
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -278,7 +289,7 @@ async fn one(
     let eds_kib_per_s =
         (shared.eds_bytes.load(Ordering::Relaxed) - bytes0) as f64 / 1024.0 / secs / n as f64;
     let mut lat = Vec::new();
-    for c in 0..changes {
+    for c in 0..CHANGES {
         let want = endpoints + 1 + c;
         let start = Instant::now();
         crate::mesh::write_atomic(&svc, &service(0, want))?;
@@ -325,6 +336,7 @@ async fn one(
         services,
         endpoints,
         load_aware,
+        protocol: if xds_v3 { "xds-v3" } else { "minimesh" },
         connect_s,
         base_rss_mib: base / 1024.0,
         rss_mib: rss / 1024.0,
@@ -339,7 +351,7 @@ async fn one(
         ack_p50_ms: q(0.5),
         ack_p99_ms: q(0.99),
         ack_max_ms: q(1.0),
-        changes,
+        changes: CHANGES,
     })
 }
 
@@ -349,6 +361,7 @@ pub async fn run(
     sidecars: &[usize],
     network: Option<Ipv4Addr>,
     load_aware: bool,
+    xds_v3: bool,
     endpoints: usize,
     services: usize,
 ) -> anyhow::Result<()> {
@@ -358,7 +371,9 @@ pub async fn run(
     }
     std::fs::create_dir_all(out)?;
     println!(
-        "minimesh bench control-plane: {sidecars:?} simulated sidecars (each one HTTP/2 connection carrying a discovery and a load-report stream, as a real sidecar; all in this process), {} of {endpoints} endpoints{}, {}; 5 EndpointSlice changes each, each adding an endpoint to `backend`",
+        "minimesh bench control-plane: {sidecars:?} simulated {} (each one HTTP/2 connection carrying a discovery and a load-report stream{}; all in this process), {} of {endpoints} endpoints{}, {}; 5 EndpointSlice changes each, each adding an endpoint to `backend`",
+        if xds_v3 { "xDS v3 clients" } else { "sidecars" },
+        if xds_v3 { ", as Envoy with deploy/envoy/bootstrap.yaml" } else { ", as a real sidecar" },
         match services {
             1 => "one service".to_string(),
             s => format!("{s} services"),
@@ -376,7 +391,7 @@ pub async fn run(
     );
     let mut results = Vec::new();
     for &n in sidecars {
-        let r = one(n, out, 5, network, load_aware, endpoints, services)
+        let r = one(n, out, network, load_aware, xds_v3, endpoints, services)
             .await
             .with_context(|| format!("{n} sidecars"))?;
         let settled = match (load_aware, r.weights_settled_s) {

@@ -129,6 +129,48 @@ pub(super) fn cluster_report(
     })
 }
 
+/// What a simulated client holds: its number, the endpoints it got by
+/// cluster, and the clusters it calls.
+pub(super) struct Held<'a> {
+    pub(super) i: usize,
+    pub(super) endpoints: &'a mut HashMap<String, Vec<(String, u32)>>,
+    pub(super) called: &'a mut Vec<String>,
+}
+
+impl Held<'_> {
+    /// Takes an endpoints response (`bytes` of assignments, `got` by
+    /// cluster) received at `now`, and records what the bench measures.
+    pub(super) fn received(
+        self,
+        shared: &Shared,
+        got: Vec<(String, Vec<(String, u32)>)>,
+        bytes: u64,
+        now: Instant,
+    ) {
+        shared.eds_responses.fetch_add(1, Ordering::Relaxed);
+        shared.eds_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let size =
+            |e: &HashMap<String, Vec<(String, u32)>>| e.get(CHANGED_CLUSTER).map_or(0, Vec::len);
+        let (before, clusters) = (size(self.endpoints), self.endpoints.len());
+        for (cluster, eps) in got {
+            if eps.windows(2).any(|w| w[0].1 != w[1].1) {
+                shared.weights_moved.store(true, Ordering::Relaxed);
+            }
+            self.endpoints.insert(cluster, eps);
+        }
+        if self.endpoints.len() != clusters {
+            *self.called = calls(self.i, self.endpoints);
+        }
+        if size(self.endpoints) != before {
+            shared
+                .acks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((size(self.endpoints), now));
+        }
+    }
+}
+
 /// One simulated sidecar: subscribes to every type, ACKs each response,
 /// records when the number of endpoints it holds changed, and reports load
 /// at the interval the control plane asks for, as a real sidecar does.
@@ -204,12 +246,8 @@ pub(super) async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> 
                 .await?;
                 let now = Instant::now();
                 if resp.type_url == ENDPOINTS_TYPE {
-                    shared.eds_responses.fetch_add(1, Ordering::Relaxed);
-                    let size = |e: &HashMap<String, Vec<(String, u32)>>| {
-                        e.get(CHANGED_CLUSTER).map_or(0, Vec::len)
-                    };
-                    let (before, clusters) = (size(&endpoints), endpoints.len());
                     let mut bytes = 0;
+                    let mut got = Vec::new();
                     for r in &resp.resources {
                         bytes += r.value.len() as u64;
                         let cla = ClusterLoadAssignment::decode(r.value.as_slice())?;
@@ -218,22 +256,10 @@ pub(super) async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> 
                             .into_iter()
                             .map(|e| (e.address, e.weight.max(1)))
                             .collect();
-                        if eps.windows(2).any(|w| w[0].1 != w[1].1) {
-                            shared.weights_moved.store(true, Ordering::Relaxed);
-                        }
-                        endpoints.insert(cla.cluster_name, eps);
+                        got.push((cla.cluster_name, eps));
                     }
-                    shared.eds_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    if endpoints.len() != clusters {
-                        called = calls(i, &endpoints);
-                    }
-                    if size(&endpoints) != before {
-                        shared
-                            .acks
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push((size(&endpoints), now));
-                    }
+                    let held = Held { i, endpoints: &mut endpoints, called: &mut called };
+                    held.received(&shared, got, bytes, now);
                 }
                 responses += 1;
                 if responses == 3 {
