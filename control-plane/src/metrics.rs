@@ -84,7 +84,10 @@ impl Metrics {
         );
         // Every type's counters exist from the start at 0, so that a rate or
         // an increase over them reads 0 rather than no data.
-        for t in minimesh_proto::ALL_TYPES {
+        for t in minimesh_proto::ALL_TYPES
+            .into_iter()
+            .chain(minimesh_proto::xds_v3::ALL_TYPES)
+        {
             let _ = m.pushes.get_or_create(&label(t));
             let _ = m.nacks.get_or_create(&label(t));
         }
@@ -102,8 +105,18 @@ impl Metrics {
     }
 }
 
+/// minimesh's types by their short name (`Cluster`); Envoy's, served to
+/// xDS v3 clients, by their full name (`envoy.config.cluster.v3.Cluster`),
+/// so that the two encodings' pushes and NACKs are counted apart.
 fn label(type_url: &str) -> TypeLabel {
+    let name = type_url
+        .strip_prefix("type.googleapis.com/")
+        .unwrap_or(type_url);
     TypeLabel {
-        r#type: short_type(type_url).to_string(),
+        r#type: if name.starts_with("envoy.") {
+            name.to_string()
+        } else {
+            short_type(type_url).to_string()
+        },
     }
 }

@@ -43,6 +43,7 @@ use envoy_types::pb::envoy::extensions::load_balancing_policies::{
     round_robin::v3::RoundRobin,
     wrr_locality::v3::WrrLocality,
 };
+use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{Any, UInt32Value, UInt64Value};
 use minimesh_proto::v1::{self, LbPolicy};
 
@@ -71,6 +72,16 @@ pub fn cluster(c: &v1::Cluster, cla: Option<&v1::ClusterLoadAssignment>, exact: 
         connect_timeout: (c.connect_timeout_ms > 0).then(|| millis(c.connect_timeout_ms)),
         load_balancing_policy: Some(policy(c, ring_size(c, cla), exact)),
         outlier_detection: c.outlier_detection.as_ref().map(outlier_detection),
+        // Below this share of healthy endpoints, ejections are ignored.
+        common_lb_config: c
+            .outlier_detection
+            .as_ref()
+            .map(|o| cluster::CommonLbConfig {
+                healthy_panic_threshold: Some(Percent {
+                    value: f64::from(o.min_health_percent),
+                }),
+                ..Default::default()
+            }),
         circuit_breakers: circuit_breakers(c),
         // Every client reports its load, as every sidecar does: it is what
         // `minimesh top` shows and what LOAD_AWARE's weights come from.
@@ -125,11 +136,9 @@ pub fn policy(c: &v1::Cluster, ring_size: u64, exact: bool) -> LoadBalancingPoli
             },
             runtime_key: String::new(),
         }),
-        min_weight_percent: (c.warmup_min_percent > 0.0).then_some(
-            envoy_types::pb::envoy::r#type::v3::Percent {
-                value: c.warmup_min_percent,
-            },
-        ),
+        min_weight_percent: (c.warmup_min_percent > 0.0).then_some(Percent {
+            value: c.warmup_min_percent,
+        }),
     });
     let round_robin = RoundRobin {
         slow_start_config: slow_start.clone(),
