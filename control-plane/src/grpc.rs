@@ -23,9 +23,7 @@ use tonic::Status;
 
 use crate::discovery::server::Discovery;
 use crate::load::LoadReports;
-use crate::xds_v3::{ads::Ads, lrs::Lrs};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer as EnvoyAdsServer;
-use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_server::LoadReportingServiceServer as EnvoyLrsServer;
+use crate::xds_v3::server::{AdsServer, LrsServer};
 
 /// The largest request message a stream accepts (gRPC's usual 4 MiB); a
 /// larger one ends its stream with RESOURCE_EXHAUSTED naming both sizes.
@@ -90,8 +88,8 @@ pub async fn serve(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
     )
     // Envoy's xDS v3 and LRS, from the same cache and aggregator.
-    .add_service(EnvoyAdsServer::new(Ads(discovery)).max_decoding_message_size(MAX_MESSAGE_BYTES))
-    .add_service(EnvoyLrsServer::new(Lrs(reports)).max_decoding_message_size(MAX_MESSAGE_BYTES))
+    .add_service(AdsServer(discovery))
+    .add_service(LrsServer(reports))
     .prepare();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();

@@ -18,6 +18,7 @@ pub mod clusters;
 pub mod endpoints;
 pub mod lrs;
 pub mod routes;
+pub mod server;
 pub mod wire;
 
 use std::collections::BTreeMap;

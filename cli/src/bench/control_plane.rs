@@ -399,8 +399,9 @@ pub async fn run(
             (true, Some(s)) => format!("weights settled {s:.1}s after; "),
             (true, None) => format!("weights still moving after {SETTLE_LIMIT_SECS}s; "),
         };
+        let who = if xds_v3 { "xDS v3 clients" } else { "sidecars" };
         println!(
-            "  {n:>6} sidecars: connected in {:.1}s; {settled}RSS {:.1} -> {:.1} MiB ({:.1} KiB per sidecar); {:.0} reports/s, {:.2} pushes ({:.1} KiB) per sidecar a second, {:.2} cores; change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            "  {n:>6} {who}: connected in {:.1}s; {settled}RSS {:.1} -> {:.1} MiB ({:.1} KiB each); {:.0} reports/s, {:.2} pushes ({:.1} KiB) per client a second, {:.2} cores; change -> ACK p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
             r.connect_s, r.base_rss_mib, r.rss_mib, r.kib_per_sidecar, r.reports_per_s, r.eds_pushes_per_sidecar_per_s, r.eds_kib_per_sidecar_per_s, r.cpu_cores, r.ack_p50_ms, r.ack_p99_ms, r.ack_max_ms
         );
         results.push(r);

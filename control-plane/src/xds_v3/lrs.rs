@@ -19,39 +19,30 @@
 
 use envoy_types::pb::envoy::config::core::v3::{address, Address};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterStats;
-use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_server::LoadReportingService;
 use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStatsResponse};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use minimesh_proto::v1;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use super::{millis, to_millis, wire};
 use crate::discovery::session::BoxStream;
 use crate::load::LoadReports;
 
-/// The xDS v3 load-reporting service.
-#[derive(Clone)]
-pub struct Lrs(pub LoadReports);
-
-#[tonic::async_trait]
-impl LoadReportingService for Lrs {
-    type StreamLoadStatsStream = BoxStream<LoadStatsResponse>;
-
-    async fn stream_load_stats(
-        &self,
-        request: Request<Streaming<LoadStatsRequest>>,
-    ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
-        let inbound = request.into_inner().map(|r| r.map(report));
-        let out = self.0.open(inbound).map(|r| {
-            r.map(|r| LoadStatsResponse {
-                clusters: r.clusters,
-                send_all_clusters: r.send_all_clusters,
-                load_reporting_interval: Some(millis(r.load_reporting_interval_ms)),
-                report_endpoint_granularity: true,
-            })
-        });
-        Ok(Response::new(Box::pin(out)))
-    }
+/// A load-report stream reading the reports of `inbound`. Mounted on the
+/// discovery port by [`super::server`].
+pub fn stream<I>(reports: &LoadReports, inbound: I) -> BoxStream<LoadStatsResponse>
+where
+    I: Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
+{
+    let inbound = inbound.map(|r| r.map(report));
+    Box::pin(reports.open(inbound).map(|r| {
+        r.map(|r| LoadStatsResponse {
+            clusters: r.clusters,
+            send_all_clusters: r.send_all_clusters,
+            load_reporting_interval: Some(millis(r.load_reporting_interval_ms)),
+            report_endpoint_granularity: true,
+        })
+    }))
 }
 
 /// An Envoy or gRPC load report as minimesh's.
