@@ -169,7 +169,7 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
     .await
     .expect("ack");
 
-    // A rule change: only the changed cluster comes, not the endpoints.
+    // A rule change: the changed cluster comes first (alone: there is one).
     net.rule("rule.yaml", "backend", "simple: RANDOM");
     let changed = next(&mut delta).await;
     assert_eq!(changed.type_url, CLUSTER_TYPE);
@@ -184,6 +184,40 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
     )
     .expect("a Cluster");
     assert_eq!(envoy_policy(&c), "Random");
+    tx.send(DeltaDiscoveryRequest {
+        type_url: CLUSTER_TYPE.into(),
+        response_nonce: changed.nonce.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("ack");
+
+    // PEAK_EWMA has no standard policy: Envoy is sent least request, and the
+    // rule's status says so.
+    net.rule("rule.yaml", "backend", "simple: PEAK_EWMA");
+    let changed = loop {
+        // The previous change's endpoints (their layout follows the policy).
+        let r = next(&mut delta).await;
+        if r.type_url == CLUSTER_TYPE {
+            break r;
+        }
+    };
+    let c = Cluster::decode(
+        changed.resources[0]
+            .resource
+            .as_ref()
+            .expect("resource")
+            .value
+            .as_slice(),
+    )
+    .expect("a Cluster");
+    assert_eq!(envoy_policy(&c), "LeastRequest");
+    let config = wait_cp_config(&net, |v| v["rules"][0]["policy"] == "PEAK_EWMA").await;
+    assert_eq!(
+        config["rules"][0]["message"],
+        "xDS v3 clients (Envoy, proxyless gRPC) have no PEAK_EWMA: they are sent LEAST_REQUEST, the nearest standard policy (gRPC's C core, which lacks it, balances round robin)",
+        "{config:#}"
+    );
 
     // State of the world: the outbound route configuration that
     // deploy/envoy/bootstrap.yaml names.
