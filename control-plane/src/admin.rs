@@ -135,10 +135,13 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {
+            // The versions a sidecar ACKs, by type (minimesh's encoding; the
+            // cache also holds Envoy's, whose short names would collide).
             let snap = admin.snapshots.borrow().clone();
             let v: BTreeMap<&str, &str> = snap
                 .types
                 .iter()
+                .filter(|(t, _)| minimesh_proto::ALL_TYPES.contains(t))
                 .map(|(t, ts)| (crate::discovery::registry::short_type(t), ts.version.as_str()))
                 .collect();
             json_response(&json!(v))

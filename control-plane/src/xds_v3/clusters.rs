@@ -85,6 +85,8 @@ pub fn cluster(c: &v1::Cluster, cla: Option<&v1::ClusterLoadAssignment>, exact: 
         circuit_breakers: circuit_breakers(c),
         // Every client reports its load, as every sidecar does: it is what
         // `minimesh top` shows and what LOAD_AWARE's weights come from.
+        // gRPC reads this; Envoy reports from its bootstrap's
+        // `cluster_manager.load_stats_config` (deploy/envoy/bootstrap.yaml).
         lrs_server: Some(ConfigSource {
             resource_api_version: ApiVersion::V3 as i32,
             config_source_specifier: Some(ConfigSourceSpecifier::Self_(SelfConfigSource {
@@ -134,7 +136,8 @@ pub fn policy(c: &v1::Cluster, ring_size: u64, exact: bool) -> LoadBalancingPoli
             } else {
                 1.0
             },
-            runtime_key: String::new(),
+            // Envoy requires a key; none is set, so the default holds.
+            runtime_key: "minimesh.slow_start.aggression".to_string(),
         }),
         min_weight_percent: (c.warmup_min_percent > 0.0).then_some(Percent {
             value: c.warmup_min_percent,
