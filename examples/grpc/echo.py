@@ -8,8 +8,9 @@ messages are raw bytes, so no protobuf compiler is involved.
 
 Usage:
   echo.py server NAME HOST:PORT [DELAY_MS]   serve mesh.Echo as NAME
-  echo.py call TARGET [N]                    N calls of Who to xds:///TARGET,
-                                             printing how many each server got
+  echo.py call TARGET [N] [PAUSE_MS]         N calls of Who to xds:///TARGET
+                                             (PAUSE_MS apart), printing how many
+                                             each server got
 
 The client reads GRPC_XDS_BOOTSTRAP (see xds-bootstrap.json beside this
 file: it names the control plane's discovery address). The service:
@@ -81,7 +82,7 @@ def serve(grpc, name, addr, delay_ms=0):
     server.wait_for_termination()
 
 
-def call(grpc, target, n):
+def call(grpc, target, n, pause_ms=0):
     channel = grpc.insecure_channel(f"xds:///{target}")
     who = channel.unary_unary("/mesh.Echo/Who", request_serializer=identity,
                               response_deserializer=identity)
@@ -92,6 +93,8 @@ def call(grpc, target, n):
         except grpc.RpcError as e:
             server = f"failed ({e.code().name})"
         counts[server] = counts.get(server, 0) + 1
+        if pause_ms:
+            time.sleep(pause_ms / 1000)
     for server, k in sorted(counts.items()):
         print(f"{server}: {k}")
 
@@ -110,6 +113,8 @@ def main():
             call(grpc, target, 10)
         case ["call", target, n]:
             call(grpc, target, int(n))
+        case ["call", target, n, pause_ms]:
+            call(grpc, target, int(n), int(pause_ms))
         case _:
             sys.exit(__doc__)
 

@@ -250,6 +250,7 @@ async fn proxyless_grpc_balances_by_round_robin_weights_and_ring_hash() {
     // the call after it has reached every backend once: before that, round
     // robin has only the backends already connected to choose from.
     let got = json_counts(&client(&net, &["spread", "600"]).await);
+    eprintln!("round robin, 600 calls: {got:?}");
     for h in 1..=3 {
         let n = got[&format!("echo-{h}")];
         assert!(n.abs_diff(200) <= 2, "round robin: {got:?}");
@@ -267,6 +268,7 @@ async fn proxyless_grpc_balances_by_round_robin_weights_and_ring_hash() {
     let weighted_in_force = |v: &serde_json::Value| v.to_string().contains("\"weight\":2");
     wait_cp_json(&net, "/debug/endpoints", weighted_in_force).await;
     let got = json_counts(&client(&net, &["spread", "2000"]).await);
+    eprintln!("weights 2:1:1, 2,000 calls: {got:?}");
     let total: u64 = got.values().sum();
     assert_eq!(total, 2000, "{got:?}");
     for (h, want) in [(1, 50.0), (2, 25.0), (3, 25.0)] {
@@ -299,6 +301,9 @@ async fn proxyless_grpc_balances_by_round_robin_weights_and_ring_hash() {
     net.write("echo.yaml", &echo_yaml(&net, &[1, 2]));
     endpoints_are(&net, &[1, 2]).await;
     let after = placed(&client(&net, &["hash", "1000", "50", "x-user"]).await);
+    let moved = before.iter().filter(|(k, was)| after[*k] != **was).count();
+    let on_3 = before.values().filter(|s| *s == "echo-3").count();
+    eprintln!("ring hash: {on_3} of 50 values were on echo-3; {moved} moved when it left");
     for (key, was) in &before {
         let now = &after[key];
         if was == "echo-3" {
@@ -438,6 +443,10 @@ async fn load_reports_reach_the_control_plane_per_endpoint() {
     .await;
     for (h, (ok, failed)) in &sent {
         let e = &view["clusters"][CLUSTER][net.addr(*h, PORT).to_string()];
+        eprintln!(
+            "echo-{h}: client sent {ok} ok + {failed} failed; control plane: {} requests, {} succeeded, {} failed",
+            e["requests"], e["succeeded"], e["failed"]
+        );
         let within = |got: &serde_json::Value, want: u64| {
             let got = got.as_u64().unwrap_or(0);
             got.abs_diff(want) as f64 <= 0.02 * want as f64

@@ -372,3 +372,104 @@ async fn envoys_load_reports_per_endpoint_are_counted() {
     );
     gauge_becomes(&net, "minimesh_load_reporters_connected", 1).await;
 }
+
+/// deploy/envoy/bootstrap.yaml is a valid `envoy.config.bootstrap.v3.Bootstrap`
+/// by Envoy's own descriptors (which `envoy-types` ships): every field name,
+/// type, enum value and `@type` is one Envoy knows. Envoy's semantic checks
+/// (its protoc-gen-validate rules) are not run here: Envoy cannot be
+/// installed where the tests run.
+#[test]
+fn the_envoy_bootstrap_is_envoys() {
+    // Envoy's descriptors nest deeply: reading them takes more than a test
+    // thread's stack.
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(check_envoy_bootstrap)
+        .expect("thread")
+        .join()
+        .expect("the bootstrap check passed");
+}
+
+fn check_envoy_bootstrap() {
+    // Where cargo keeps envoy-types: this platform's dependency graph, as
+    // already downloaded for the build.
+    let rustc = std::process::Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc names its host");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let meta = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &host,
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    let meta: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("metadata");
+    let manifest = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "envoy-types")
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("envoy-types in the dependency graph");
+    let types = std::path::Path::new(manifest).with_file_name("src/generated/types.bin");
+    let pool = prost_reflect::DescriptorPool::decode(
+        std::fs::read(&types)
+            .expect("envoy-types' descriptors")
+            .as_slice(),
+    )
+    .expect("descriptors");
+    let bootstrap = pool
+        .get_message_by_name("envoy.config.bootstrap.v3.Bootstrap")
+        .expect("Bootstrap");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/bootstrap.yaml");
+    let text = std::fs::read_to_string(&path).expect("bootstrap");
+    let parse = |text: &str| {
+        let yaml: serde_json::Value = serde_saphyr::from_str(text).expect("YAML");
+        prost_reflect::DynamicMessage::deserialize(bootstrap.clone(), yaml)
+    };
+    // A misspelt field is refused, as Envoy refuses it.
+    let typo = parse(&text.replace("route_config_name:", "route_config_nam:"))
+        .expect_err("a misspelt field is refused");
+    assert!(typo.to_string().contains("route_config_nam"), "{typo}");
+    let msg = parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let bytes = minimesh_proto::prost::Message::encode_to_vec(&msg);
+    let b = envoy_types::pb::envoy::config::bootstrap::v3::Bootstrap::decode(bytes.as_slice())
+        .expect("a Bootstrap");
+    // What minimesh relies on: clusters over ADS, load reports, and the
+    // outbound listener routing with minimesh's outbound routes.
+    let dynamic = b.dynamic_resources.expect("dynamic_resources");
+    assert!(dynamic.ads_config.is_some() && dynamic.cds_config.is_some());
+    assert!(b
+        .cluster_manager
+        .is_some_and(|c| c.load_stats_config.is_some()));
+    let listener = &b.static_resources.expect("static_resources").listeners[0];
+    let hcm = listener.filter_chains[0].filters[0]
+        .config_type
+        .as_ref()
+        .and_then(|c| match c {
+            envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(a) => {
+                Some(a)
+            }
+            _ => None,
+        })
+        .expect("typed config");
+    let hcm = envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager::decode(hcm.value.as_slice())
+        .expect("an HttpConnectionManager");
+    match hcm.route_specifier {
+        Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier::Rds(rds)) => {
+            assert_eq!(rds.route_config_name, OUTBOUND_ROUTE_CONFIG)
+        }
+        other => panic!("{other:?}"),
+    }
+}
