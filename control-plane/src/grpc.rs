@@ -23,7 +23,7 @@ use tonic::Status;
 
 use crate::discovery::server::Discovery;
 use crate::load::LoadReports;
-use crate::xds_v3::server::{AdsServer, LrsServer};
+use crate::xds_v3::server::{Ads, Lrs, Server};
 
 /// The largest request message a stream accepts (gRPC's usual 4 MiB); a
 /// larger one ends its stream with RESOURCE_EXHAUSTED naming both sizes.
@@ -88,8 +88,8 @@ pub async fn serve(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
     )
     // Envoy's xDS v3 and LRS, from the same cache and aggregator.
-    .add_service(AdsServer(discovery))
-    .add_service(LrsServer(reports))
+    .add_service(Server(Ads(discovery)))
+    .add_service(Server(Lrs(reports)))
     .prepare();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();

@@ -599,12 +599,24 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         (0.0..=1.5).contains(&pushes),
         "new weights at most once a second: {r:#}"
     );
+    // The same with the clients speaking Envoy's xDS v3: their per-endpoint
+    // reports (no latency; Little's law) move LOAD_AWARE's weights too.
+    let r = control_plane(&["--xds-v3", "--load-aware"]);
+    assert_eq!(r["protocol"], "xds-v3", "{r:#}");
+    assert_eq!(r["weights_moved"], true, "{r:#}");
+    assert_eq!(r["report_interval_ms"], 1_000, "{r:#}");
+    let reports = r["reports_per_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (150.0..=250.0).contains(&reports),
+        "200 xDS v3 clients every second: {r:#}"
+    );
 
     // The flags mean nothing to the other benchmarks: refused, not ignored.
     for (bench, flag, value) in [
         ("lb-lab-steady", "--load-aware", None),
         ("lb-lab-steady", "--endpoints", Some("3")),
         ("lb-lab-steady", "--services", Some("2")),
+        ("lb-lab-steady", "--xds-v3", None),
         ("overhead", "--load-aware", None),
     ] {
         let o = Command::new(bin("minimesh"))

@@ -133,6 +133,23 @@ async fn client(net: &Net, args: &[&str]) -> String {
     stdout
 }
 
+/// Runs `minimesh ARGS --control-plane-admin <this control plane>`; its
+/// output.
+fn minimesh(net: &Net, args: &[&str]) -> String {
+    let out = Command::new(bin("minimesh"))
+        .args(args)
+        .args(["--control-plane-admin", &net.cp_admin().to_string()])
+        .output()
+        .expect("minimesh runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "minimesh {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn json_counts(out: &str) -> BTreeMap<String, u64> {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -463,21 +480,7 @@ async fn load_reports_reach_the_control_plane_per_endpoint() {
         assert_eq!(e["reporters"], 1, "{e}");
     }
     // `minimesh top` shows them.
-    let top = Command::new(bin("minimesh"))
-        .args([
-            "top",
-            "--once",
-            "--control-plane-admin",
-            &net.cp_admin().to_string(),
-        ])
-        .output()
-        .expect("minimesh top runs");
-    let text = String::from_utf8_lossy(&top.stdout);
-    assert!(
-        top.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&top.stderr)
-    );
+    let text = minimesh(&net, &["top", "--once"]);
     assert!(text.contains(&net.addr(3, PORT).to_string()), "{text}");
 }
 
@@ -540,21 +543,7 @@ async fn a_nacked_cluster_shows_in_get_proxies_and_the_client_keeps_its_config()
         .unwrap_or_default()
         .to_string();
     assert!(message.contains(CLUSTER), "{message}");
-    let out = Command::new(bin("minimesh"))
-        .args([
-            "get",
-            "proxies",
-            "--control-plane-admin",
-            &net.cp_admin().to_string(),
-        ])
-        .output()
-        .expect("minimesh get proxies runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = minimesh(&net, &["get", "proxies"]);
     assert!(text.contains(&format!("client-{}", net.ip(200))), "{text}");
     let first_line = message.lines().next().unwrap_or_default();
     assert!(

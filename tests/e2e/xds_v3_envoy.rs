@@ -18,7 +18,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::config::route::v3::{route, RouteConfiguration};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest,
+};
 use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_client::LoadReportingServiceClient;
 use envoy_types::pb::envoy::service::load_stats::v3::LoadStatsRequest;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
@@ -48,6 +50,12 @@ async fn next<T>(s: &mut Streaming<T>) -> T {
         .expect("response within 5s")
         .expect("stream ok")
         .expect("not closed")
+}
+
+/// The first resource of a delta response, decoded.
+fn first_of<M: Message + Default>(resp: &DeltaDiscoveryResponse) -> M {
+    let any = resp.resources[0].resource.as_ref().expect("a resource");
+    M::decode(any.value.as_slice()).expect("the response's type")
 }
 
 /// The first policy Envoy would take from a cluster's list (it skips
@@ -102,8 +110,7 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
     assert_eq!(clusters.type_url, CLUSTER_TYPE);
     let names: Vec<&str> = clusters.resources.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, [CLUSTER]);
-    let any = clusters.resources[0].resource.as_ref().expect("resource");
-    let c = Cluster::decode(any.value.as_slice()).expect("a Cluster");
+    let c: Cluster = first_of(&clusters);
     assert_eq!(envoy_policy(&c), "RingHash");
     assert_eq!(
         c.eds_cluster_config
@@ -174,15 +181,7 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
     let changed = next(&mut delta).await;
     assert_eq!(changed.type_url, CLUSTER_TYPE);
     assert_eq!(changed.resources.len(), 1);
-    let c = Cluster::decode(
-        changed.resources[0]
-            .resource
-            .as_ref()
-            .expect("resource")
-            .value
-            .as_slice(),
-    )
-    .expect("a Cluster");
+    let c: Cluster = first_of(&changed);
     assert_eq!(envoy_policy(&c), "Random");
     tx.send(DeltaDiscoveryRequest {
         type_url: CLUSTER_TYPE.into(),
@@ -202,15 +201,7 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
             break r;
         }
     };
-    let c = Cluster::decode(
-        changed.resources[0]
-            .resource
-            .as_ref()
-            .expect("resource")
-            .value
-            .as_slice(),
-    )
-    .expect("a Cluster");
+    let c: Cluster = first_of(&changed);
     assert_eq!(envoy_policy(&c), "LeastRequest");
     let config = wait_cp_config(&net, |v| v["rules"][0]["policy"] == "PEAK_EWMA").await;
     assert_eq!(

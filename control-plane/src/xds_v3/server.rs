@@ -30,7 +30,9 @@ use crate::discovery::session::BoxStream;
 use crate::grpc::MAX_MESSAGE_BYTES;
 use crate::load::LoadReports;
 
-type HttpFuture = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+/// A call's HTTP response, to come.
+pub type HttpFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
 
 /// One streaming method: the client's request stream in, the response
 /// stream out.
@@ -72,15 +74,23 @@ fn unimplemented(path: &str) -> HttpFuture {
     Box::pin(async move { Ok(status.into_http()) })
 }
 
-/// `envoy.service.discovery.v3.AggregatedDiscoveryService`.
-#[derive(Clone)]
-pub struct AdsServer(pub Discovery);
-
-impl NamedService for AdsServer {
-    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+/// A gRPC service of Envoy's: its name, and which call serves a path.
+pub trait Methods: Clone + Send + 'static {
+    /// The service's full name.
+    const NAME: &'static str;
+    /// Serves `req`, a call of one of its methods.
+    fn serve(&self, req: http::Request<Body>) -> HttpFuture;
 }
 
-impl Service<http::Request<Body>> for AdsServer {
+/// A [`Methods`] as a tonic service on the discovery port.
+#[derive(Clone)]
+pub struct Server<M>(pub M);
+
+impl<M: Methods> NamedService for Server<M> {
+    const NAME: &'static str = M::NAME;
+}
+
+impl<M: Methods> Service<http::Request<Body>> for Server<M> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = HttpFuture;
@@ -90,6 +100,18 @@ impl Service<http::Request<Body>> for AdsServer {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> HttpFuture {
+        self.0.serve(req)
+    }
+}
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService`.
+#[derive(Clone)]
+pub struct Ads(pub Discovery);
+
+impl Methods for Ads {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+
+    fn serve(&self, req: http::Request<Body>) -> HttpFuture {
         let d = self.0.clone();
         match req.uri().path() {
             "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources" => {
@@ -112,22 +134,12 @@ impl Service<http::Request<Body>> for AdsServer {
 
 /// `envoy.service.load_stats.v3.LoadReportingService`.
 #[derive(Clone)]
-pub struct LrsServer(pub LoadReports);
+pub struct Lrs(pub LoadReports);
 
-impl NamedService for LrsServer {
+impl Methods for Lrs {
     const NAME: &'static str = "envoy.service.load_stats.v3.LoadReportingService";
-}
 
-impl Service<http::Request<Body>> for LrsServer {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = HttpFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> HttpFuture {
+    fn serve(&self, req: http::Request<Body>) -> HttpFuture {
         let r = self.0.clone();
         match req.uri().path() {
             "/envoy.service.load_stats.v3.LoadReportingService/StreamLoadStats" => serve(

@@ -129,6 +129,72 @@ pub(super) fn cluster_report(
     })
 }
 
+/// A simulated client's load reports: the interval the control plane asked
+/// for, a tick at it (each client at its own phase, as clients start at
+/// different times), and the made-up traffic's state.
+pub(super) struct Reporting {
+    pub(super) interval: Duration,
+    pub(super) tick: tokio::time::Interval,
+    rng: u64,
+    sequence: u64,
+}
+
+impl Reporting {
+    /// Client `i`'s reports at the interval of `ms` milliseconds.
+    pub(super) fn new(i: usize, ms: u64, shared: &Shared) -> Self {
+        let rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let mut r = Reporting {
+            interval: Duration::ZERO,
+            tick: tokio::time::interval(Duration::from_secs(3600)),
+            rng,
+            sequence: 0,
+        };
+        r.set_interval(ms, shared);
+        r
+    }
+
+    /// The control plane asked for reports every `ms` milliseconds.
+    pub(super) fn set_interval(&mut self, ms: u64, shared: &Shared) {
+        self.interval = Duration::from_millis(ms.clamp(100, 600_000));
+        shared
+            .interval_ms
+            .store(self.interval.as_millis() as u64, Ordering::Relaxed);
+        let phase = self.interval.mul_f64((self.rng % 1000) as f64 / 1000.0);
+        self.tick = tokio::time::interval_at(Instant::now() + phase, self.interval);
+        self.tick
+            .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+
+    /// One interval's reports on the clusters `called`, or None when it
+    /// calls none yet.
+    pub(super) fn reports(
+        &mut self,
+        called: &[String],
+        endpoints: &HashMap<String, Vec<(String, u32)>>,
+    ) -> Option<Vec<ClusterStats>> {
+        if called.is_empty() {
+            return None;
+        }
+        let rps = SIMULATED_RPS / called.len() as f64;
+        Some(
+            called
+                .iter()
+                .filter_map(|c| {
+                    let eps = endpoints.get(c)?;
+                    cluster_report(
+                        c,
+                        eps,
+                        rps,
+                        self.interval,
+                        &mut self.sequence,
+                        &mut self.rng,
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
 /// What a simulated client holds: its number, the endpoints it got by
 /// cluster, and the clusters it calls.
 pub(super) struct Held<'a> {
@@ -204,15 +270,7 @@ pub(super) async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> 
         .message()
         .await?
         .context("the load-report stream ended before naming an interval")?;
-    let mut interval = Duration::from_millis(first.load_reporting_interval_ms.clamp(100, 600_000));
-    shared
-        .interval_ms
-        .store(interval.as_millis() as u64, Ordering::Relaxed);
-    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    // Sidecars start at different times: so do their report ticks.
-    let phase = |interval: Duration, rng: u64| interval.mul_f64((rng % 1000) as f64 / 1000.0);
-    let mut tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reporting = Reporting::new(i, first.load_reporting_interval_ms, &shared);
     for (k, t) in [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE]
         .into_iter()
         .enumerate()
@@ -232,7 +290,6 @@ pub(super) async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> 
     // Endpoints by cluster; the clusters this sidecar calls.
     let mut endpoints: HashMap<String, Vec<(String, u32)>> = HashMap::new();
     let mut called: Vec<String> = Vec::new();
-    let mut sequence = 0;
     loop {
         tokio::select! {
             resp = stream.message() => {
@@ -267,24 +324,11 @@ pub(super) async fn sidecar(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> 
                 }
             }
             msg = lrs.message() => match msg? {
-                Some(m) => {
-                    interval = Duration::from_millis(m.load_reporting_interval_ms.clamp(100, 600_000));
-                    shared.interval_ms.store(interval.as_millis() as u64, Ordering::Relaxed);
-                    tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                }
+                Some(m) => reporting.set_interval(m.load_reporting_interval_ms, &shared),
                 None => return Ok(()),
             },
-            _ = tick.tick() => {
-                if !called.is_empty() {
-                    let rps = SIMULATED_RPS / called.len() as f64;
-                    let cluster_stats = called
-                        .iter()
-                        .filter_map(|c| {
-                            let eps = endpoints.get(c)?;
-                            cluster_report(c, eps, rps, interval, &mut sequence, &mut rng)
-                        })
-                        .collect();
+            _ = reporting.tick.tick() => {
+                if let Some(cluster_stats) = reporting.reports(&called, &endpoints) {
                     lrs_tx.send(LoadStatsRequest { node: None, cluster_stats }).await?;
                     shared.reports.fetch_add(1, Ordering::Relaxed);
                 }

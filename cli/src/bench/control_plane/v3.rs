@@ -50,19 +50,9 @@ pub(super) async fn client(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> a
         .context("the load-report stream ended before naming an interval")?;
     let millis = |d: Option<PbDuration>| {
         let d = d.unwrap_or_default();
-        Duration::from_millis(
-            (d.seconds.max(0) as u64 * 1000 + d.nanos.max(0) as u64 / 1_000_000)
-                .clamp(100, 600_000),
-        )
+        d.seconds.max(0) as u64 * 1000 + d.nanos.max(0) as u64 / 1_000_000
     };
-    let mut interval = millis(first.load_reporting_interval);
-    shared
-        .interval_ms
-        .store(interval.as_millis() as u64, Ordering::Relaxed);
-    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    let phase = |interval: Duration, rng: u64| interval.mul_f64((rng % 1000) as f64 / 1000.0);
-    let mut tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reporting = Reporting::new(i, millis(first.load_reporting_interval), &shared);
 
     let (tx, rx) = mpsc::channel(8);
     tx.send(EnvoyRequest {
@@ -88,7 +78,6 @@ pub(super) async fn client(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> a
     let mut seen: Vec<String> = Vec::new();
     let mut endpoints: HashMap<String, Vec<(String, u32)>> = HashMap::new();
     let mut called: Vec<String> = Vec::new();
-    let mut sequence = 0;
     loop {
         tokio::select! {
             resp = stream.message() => {
@@ -152,25 +141,13 @@ pub(super) async fn client(addr: SocketAddr, i: usize, shared: Arc<Shared>) -> a
                 }
             }
             msg = lrs.message() => match msg? {
-                Some(m) => {
-                    interval = millis(m.load_reporting_interval);
-                    shared.interval_ms.store(interval.as_millis() as u64, Ordering::Relaxed);
-                    tick = tokio::time::interval_at(Instant::now() + phase(interval, rng), interval);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                }
+                Some(m) => reporting.set_interval(millis(m.load_reporting_interval), &shared),
                 None => return Ok(()),
             },
-            _ = tick.tick() => {
-                if !called.is_empty() {
-                    let rps = SIMULATED_RPS / called.len() as f64;
-                    let cluster_stats = called
-                        .iter()
-                        .filter_map(|c| {
-                            let eps = endpoints.get(c)?;
-                            cluster_report(c, eps, rps, interval, &mut sequence, &mut rng)
-                        })
-                        .map(|c| as_envoys(c, interval))
-                        .collect();
+            _ = reporting.tick.tick() => {
+                if let Some(reports) = reporting.reports(&called, &endpoints) {
+                    let interval = reporting.interval;
+                    let cluster_stats = reports.into_iter().map(|c| as_envoys(c, interval)).collect();
                     lrs_tx.send(EnvoyReport { node: None, cluster_stats }).await?;
                     shared.reports.fetch_add(1, Ordering::Relaxed);
                 }
