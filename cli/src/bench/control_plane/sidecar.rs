@@ -102,7 +102,11 @@ pub(super) fn cluster_report(
             for _ in 0..issued {
                 latencies.observe((latency_ms * (950.0 + 100.0 * uniform())) as u64);
             }
-            let in_progress = (rps * share * latency_ms / 1000.0).round() as u64;
+            // Requests in flight at the report, by Little's law, rounded at
+            // random as a snapshot of a real count is (0 or 1 mostly, at these
+            // rates): xDS v3 clients' reports carry no latency, and the
+            // control plane reads it from this.
+            let in_progress = (rps * share * latency_ms / 1000.0 + uniform()).floor() as u64;
             // As a real sidecar: an endpoint with nothing to count is left out.
             if issued == 0 && in_progress == 0 {
                 return None;
