@@ -5,7 +5,8 @@
 //! resourceVersion), merge-patch of the status subresource, delete. Enough
 //! of the protocol for kube-rs watchers, the status writer and Lease
 //! election; it stores JSON and validates nothing, as an API server with a
-//! permissive schema would.
+//! permissive schema would. As the real one, it writes an EndpointSlice's
+//! empty `endpoints` and `ports` as `null`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -473,6 +474,15 @@ impl Inner {
         let (g, v, _, kind) = COLLECTIONS[key.0];
         obj["apiVersion"] = api_version(g, v).into();
         obj["kind"] = kind.into();
+        if kind == "EndpointSlice" {
+            // As the real API server writes an empty list of its Go types
+            // (no omitempty on these fields): `null`, not `[]`.
+            for field in ["endpoints", "ports"] {
+                if obj[field].as_array().is_none_or(Vec::is_empty) {
+                    obj[field] = Value::Null;
+                }
+            }
+        }
         if event == "DELETED" {
             self.objects.remove(&key);
         } else {

@@ -435,3 +435,38 @@ async fn two_replicas_serve_and_one_elected_writes_status() {
         .expect("lease");
     assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_scaled_to_zero_has_no_endpoints_and_no_config_error() {
+    let net = Net::new(109);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let cluster = format!("backend.{NS}.svc.cluster.local:80");
+    let count = |v: &Value| {
+        v[&cluster]["endpoints"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len)
+    };
+    wait_cp_json(&net, "/debug/endpoints", |v| count(v) == 2).await;
+    // Scaled to zero: the EndpointSlice controller leaves the slice with no
+    // endpoints and no ports, which the API server sends as
+    // `"endpoints": null, "ports": null`.
+    let mut empty = slice(&net, "backend", &[]);
+    empty["ports"] = json!([]);
+    fake.apply(empty);
+    let stored = fake
+        .get("discovery.k8s.io/v1", "EndpointSlice", NS, "backend-x7k2p")
+        .expect("the slice");
+    assert!(
+        stored["endpoints"].is_null() && stored["ports"].is_null(),
+        "{stored}"
+    );
+    wait_cp_json(&net, "/debug/endpoints", |v| count(v) == 0).await;
+    let config = get_json(net.cp_admin(), "/debug/config").await;
+    assert_eq!(config["errors"], json!([]), "{config:#}");
+    // And back.
+    fake.apply(slice(&net, "backend", &[(3, true)]));
+    wait_cp_json(&net, "/debug/endpoints", |v| count(v) == 1).await;
+}

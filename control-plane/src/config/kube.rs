@@ -4,7 +4,19 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A list, map or object the API server may send as `null`, read as empty:
+/// an EndpointSlice of a Service with no ready pod (scaled to zero, and
+/// briefly in every rollout) comes with `"endpoints": null` and
+/// `"ports": null`, as the API server's Go types write an empty list.
+fn null_as_empty<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 /// `metadata` of any object.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -17,7 +29,7 @@ pub struct ObjectMeta {
     #[serde(default)]
     pub namespace: Option<String>,
     /// Labels.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub labels: BTreeMap<String, String>,
     /// Bumped by the API server on every spec change; 0 locally.
     #[serde(default)]
@@ -31,7 +43,7 @@ pub struct Service {
     /// Object metadata.
     pub metadata: ObjectMeta,
     /// The service spec.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub spec: ServiceSpec,
 }
 
@@ -40,7 +52,7 @@ pub struct Service {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
     /// Ports of the service.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub ports: Vec<ServicePort>,
 }
 
@@ -75,10 +87,10 @@ pub struct EndpointSlice {
     #[serde(default)]
     pub address_type: Option<String>,
     /// The endpoints.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub endpoints: Vec<SliceEndpoint>,
     /// Ports every endpoint of the slice serves.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub ports: Vec<SlicePort>,
 }
 
@@ -100,10 +112,10 @@ impl EndpointSlice {
 #[serde(rename_all = "camelCase")]
 pub struct SliceEndpoint {
     /// Addresses of the endpoint; the first is used.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub addresses: Vec<String>,
     /// Ready / serving / terminating.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub conditions: Conditions,
     /// The pod behind the endpoint.
     #[serde(default)]
@@ -157,4 +169,24 @@ pub struct SlicePort {
     /// Protocol.
     #[serde(default)]
     pub protocol: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_slice_from_the_api_server_reads_as_empty() {
+        // As the API server sends a slice whose Service has no ready pod.
+        let slice: EndpointSlice = serde_json::from_str(
+            r#"{"metadata": {"name": "b-abc", "namespace": "default", "labels": null},
+                "addressType": "IPv4", "endpoints": null, "ports": null}"#,
+        )
+        .expect("null lists are empty");
+        assert!(slice.endpoints.is_empty() && slice.ports.is_empty());
+        let svc: Service =
+            serde_json::from_str(r#"{"metadata": {"name": "b"}, "spec": {"ports": null}}"#)
+                .expect("null ports are none");
+        assert!(svc.spec.ports.is_empty());
+    }
 }
