@@ -9,7 +9,8 @@ kustomizations use). Every object it yields, and every file given with
 in --versions (strict: unknown fields are errors) by the `kubernetes-validate`
 package, installed from PyPI when missing. DestinationRules (the rule files
 in examples/rules/ and any in the manifests) are validated against the
-schema of our own CRD in crds/.
+schema of our own CRD in crds/, with unknown fields refused as the API
+server's strict field validation refuses them.
 
     python3 deploy/validate.py [--versions 1.33,1.37] [--extra FILE ...]
 
@@ -96,6 +97,23 @@ def build(directory, yaml):
     return build_builtin(full, yaml), "built-in renderer (kubectl not installed)"
 
 
+def strict(schema):
+    """The schema with unknown fields refused wherever the API server's strict
+    field validation (kubectl's default) refuses them: every object that
+    lists its properties and does not preserve unknown fields. JSON Schema
+    alone lets them through, so `simpel: RANDOM` passed."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if (out.get("type") == "object" and "properties" in out
+                and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", default="1.33,1.37",
@@ -110,7 +128,10 @@ def main():
 
     with open(os.path.join(ROOT, CRD_FILE)) as f:
         crd = yaml.safe_load(f)
-    rule_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rule_schema = strict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    # The fields every object has, which the API server adds to a CRD's schema.
+    for field, kind in (("apiVersion", "string"), ("kind", "string"), ("metadata", "object")):
+        rule_schema["properties"].setdefault(field, {"type": kind})
     rule_group = crd["spec"]["group"] + "/" + crd["spec"]["versions"][0]["name"]
 
     sources = []  # (where, object)
@@ -128,7 +149,7 @@ def main():
         try:
             if obj.get("apiVersion") == rule_group and obj.get("kind") == "DestinationRule":
                 jsonschema.validate(obj, rule_schema)
-                checked = "CRD schema"
+                checked = "CRD schema, unknown fields refused"
             else:
                 for v in args.versions.split(","):
                     kv.validate(obj, v, strict=True)

@@ -44,7 +44,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
         "Role minimesh-system/minimesh-leader-election",
         "Deployment istioinaction/simple-backend-2",
         "Service istioinaction/ingress-gateway",
-        "DestinationRule /simple-backend-dr [CRD schema]",
+        "DestinationRule /simple-backend-dr [CRD schema, unknown fields refused]",
     ] {
         assert!(
             out.contains(&format!(": {object}")),
@@ -59,7 +59,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     let bad = dir.join("bad.yaml");
     std::fs::write(
         &bad,
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: two\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers: [{name: c, image: i}]\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: r}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simple: ROUND_ROBBIN}}\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: two\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers: [{name: c, image: i}]\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: r}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simple: ROUND_ROBBIN}}\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: typo}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simpel: RANDOM}}\n",
     )
     .expect("write");
     let (ok, out) = validate(&[&bad]);
@@ -71,6 +71,12 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     );
     assert!(
         out.contains("DestinationRule /r: spec/trafficPolicy/loadBalancer/simple: 'ROUND_ROBBIN' is not one of"),
+        "{out}"
+    );
+    // Unknown fields are refused, as the API server's strict field
+    // validation refuses them.
+    assert!(
+        out.contains("DestinationRule /typo: spec/trafficPolicy/loadBalancer: Additional properties are not allowed ('simpel' was unexpected)"),
         "{out}"
     );
 }
