@@ -324,7 +324,8 @@ impl FakeKube {
                     }),
                 )
             }
-            (Method::GET, Some(name), None) => {
+            // The object, or its status subresource (the whole object too).
+            (Method::GET, Some(name), None | Some("status")) => {
                 let inner = self.inner.lock().expect("lock");
                 match inner
                     .objects

@@ -409,22 +409,32 @@ async fn two_replicas_serve_and_one_elected_writes_status() {
     );
 
     // After the leader dies, the follower takes the lease (once 2 s pass
-    // without renewal) and writes the next status.
+    // without renewal) and writes the next status. A condition whose status
+    // did not change keeps the time it last changed, whoever writes it.
+    let first = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 1).await;
+    let since = first["conditions"][0]["lastTransitionTime"].clone();
     a.kill();
+    fake.apply(rule("backend-dr", "backend", json!({"simple": "RANDOM"})));
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 2).await;
+    assert_eq!(holder(&fake).as_deref(), Some("cp-b"));
+    assert_eq!(
+        (st["policy"].as_str(), accepted(&st).0),
+        (Some("RANDOM"), "True")
+    );
+    assert_eq!(st["conditions"][0]["lastTransitionTime"], since, "{st:#}");
     fake.apply(rule(
         "backend-dr",
         "backend",
         json!({"simple": "PASSTHROUGH"}),
     ));
-    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 2).await;
-    assert_eq!(holder(&fake).as_deref(), Some("cp-b"));
+    let st = wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 3).await;
     let (status, reason, message) = accepted(&st);
     assert_eq!((status, reason), ("False", "Invalid"));
     assert_eq!(
         message,
         "spec.trafficPolicy.loadBalancer.simple: PASSTHROUGH is not supported: minimesh always balances over the service's endpoints; the previous good version stays in force"
     );
-    assert_eq!(st["policy"], "ROUND_ROBIN");
+    assert_eq!(st["policy"], "RANDOM");
     let lease = fake
         .get(
             "coordination.k8s.io/v1",

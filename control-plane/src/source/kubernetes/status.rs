@@ -94,6 +94,21 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
     out
 }
 
+/// The `Accepted` condition stored on rule `name`: its status and when it
+/// last changed; None when it has none or cannot be read (then the
+/// transition is dated now, as before).
+async fn stored_transition(api: &Api<DynamicObject>, name: &str) -> Option<(bool, String)> {
+    let obj = api.get_status(name).await.ok()?;
+    let c = obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Accepted")?;
+    Some((
+        c["status"] == "True",
+        c["lastTransitionTime"].as_str()?.to_string(),
+    ))
+}
+
 /// Writes status while `leader` is true.
 pub async fn run(
     client: Client,
@@ -118,15 +133,24 @@ pub async fn run(
                 if previous.is_some_and(|(p, _)| p == d) {
                     continue;
                 }
-                let since = match previous {
-                    Some((p, t)) if p.accepted == d.accepted => t.clone(),
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), &key.namespace, &resource);
+                // A replica that has written nothing for this rule (it has
+                // just been elected) reads what the last leader wrote, so
+                // that a condition whose status did not change keeps the
+                // time it last changed.
+                let stored = match previous {
+                    Some(_) => None,
+                    None => stored_transition(&api, &key.name).await,
+                };
+                let since = match (previous, stored) {
+                    (Some((p, t)), _) if p.accepted == d.accepted => t.clone(),
+                    (None, Some((accepted, t))) if accepted == d.accepted => t,
                     _ => Timestamp::now()
                         .round(Unit::Second)
                         .unwrap_or_else(|_| Timestamp::now())
                         .to_string(),
                 };
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client.clone(), &key.namespace, &resource);
                 let status = RuleStatusResource {
                     observed_generation: d.generation,
                     policy: d.policy.clone(),
