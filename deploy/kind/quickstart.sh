@@ -37,6 +37,12 @@ fi
 need docker "https://docs.docker.com/engine/install/"
 need kind "https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
 need kubectl "https://kubernetes.io/docs/tasks/tools/"
+need curl "https://curl.se/download.html"
+
+# The manifests name the image minimesh:dev; a different IMAGE takes its place.
+apply_kustomization() {
+  kubectl kustomize "$1" | sed "s|image: minimesh:dev|image: $IMAGE|" | kubectl apply -f -
+}
 
 step "kind cluster '$CLUSTER' (control-plane node + 2 workers, NodePort 30000 on localhost:30000)"
 if kind get clusters | grep -qx "$CLUSTER"; then
@@ -47,16 +53,26 @@ fi
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 
 step "building $IMAGE (deploy/Dockerfile) and loading it into the cluster"
-docker build -f deploy/Dockerfile -t "$IMAGE" .
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+# Docker's containerd image store adds provenance attestations that kind
+# cannot import: build without them where buildx is there, and load the image
+# as an archive.
+if docker buildx version >/dev/null 2>&1; then
+  docker buildx build --provenance=false --load -f deploy/Dockerfile -t "$IMAGE" .
+else
+  docker build -f deploy/Dockerfile -t "$IMAGE" .
+fi
+archive="$(mktemp -t minimesh-image.XXXXXX)"
+docker save "$IMAGE" -o "$archive"
+kind load image-archive "$archive" --name "$CLUSTER"
+rm -f "$archive"
 
 step "installing the CRD, RBAC and the control plane (deploy/base)"
-kubectl apply -k deploy/base
+apply_kustomization deploy/base
 kubectl wait --for condition=established --timeout=60s crd/destinationrules.minimesh.io
 kubectl -n minimesh-system rollout status deployment/minimesh-control-plane --timeout=180s
 
 step "deploying simple-web, simple-backend-1, simple-backend-2 and the ingress gateway (deploy/examples/demo)"
-kubectl apply -k deploy/examples/demo
+apply_kustomization deploy/examples/demo
 for d in simple-web simple-backend-1 simple-backend-2 ingress-gateway; do
   kubectl -n "$NS" rollout status "deployment/$d" --timeout=180s
 done
@@ -73,10 +89,21 @@ curl -fsS -H "Host: simple-web.istioinaction.io" http://localhost:30000/
 echo
 
 step "fortio load -c $CONNECTIONS -qps $QPS -t $DURATION -jitter against the ingress"
-docker run --rm --network host fortio/fortio load \
+fortio_out="$(mktemp -t minimesh-fortio.XXXXXX)"
+if ! docker run --rm --network host fortio/fortio load \
   -c "$CONNECTIONS" -qps "$QPS" -t "$DURATION" -jitter \
-  -H "Host: simple-web.istioinaction.io" http://localhost:30000/ 2>&1 |
-  grep -E '^(# target|Aggregated Function Time|All done|Code|Sockets used)' || true
+  -H "Host: simple-web.istioinaction.io" http://localhost:30000/ >"$fortio_out" 2>&1; then
+  cat "$fortio_out" >&2
+  echo "quickstart: fortio failed (its output is above)" >&2
+  exit 1
+fi
+grep -E '^(# target|Aggregated Function Time|All done|Code|Sockets used)' "$fortio_out" || true
+# Any answer but 2xx (or -1: no answer at all) is a failed request.
+if grep -qE '^Code (-1|[013-9][0-9][0-9]) ' "$fortio_out"; then
+  echo "quickstart: some requests failed (the Code lines above)" >&2
+  exit 1
+fi
+rm -f "$fortio_out"
 
 step "done"
 cat <<EOF

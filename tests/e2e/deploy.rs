@@ -194,11 +194,14 @@ fn quickstart_script_is_sound_shell() {
     let text = std::fs::read_to_string(&script).expect("script");
     for step in [
         "kind create cluster --config deploy/kind/cluster.yaml",
-        "docker build -f deploy/Dockerfile",
-        "kind load docker-image",
-        "kubectl apply -k deploy/base",
-        "kubectl apply -k deploy/examples/demo",
+        "--provenance=false",
+        "kind load image-archive",
+        "need curl",
+        "apply_kustomization deploy/base",
+        "apply_kustomization deploy/examples/demo",
+        "image: minimesh:dev|image: $IMAGE",
         "fortio/fortio load",
+        "quickstart: fortio failed",
         "-qps \"$QPS\" -t \"$DURATION\" -jitter",
     ] {
         assert!(text.contains(step), "quickstart lacks: {step}");
