@@ -319,3 +319,34 @@ async fn dashboard_queries_series_the_mesh_exposes() {
         }
     }
 }
+
+/// Every pod of the control plane and of the demo says where its metrics
+/// are (the usual `prometheus.io/*` annotations), on a port it listens on,
+/// so that a cluster's Prometheus scrapes them and the dashboard has data.
+#[test]
+fn every_pod_is_annotated_for_scraping_on_a_port_it_serves() {
+    for path in [
+        "deploy/base/control-plane.yaml",
+        "deploy/examples/demo/apps.yaml",
+        "deploy/examples/demo/ingress-gateway.yaml",
+    ] {
+        for d in docs(path).iter().filter(|d| d["kind"] == "Deployment") {
+            let template = &d["spec"]["template"];
+            let a = &template["metadata"]["annotations"];
+            let name = &d["metadata"]["name"];
+            assert_eq!(a["prometheus.io/scrape"], "true", "{path} {name}");
+            assert_eq!(a["prometheus.io/path"], "/metrics", "{path} {name}");
+            let port: u64 = a["prometheus.io/port"]
+                .as_str()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("{path} {name}: prometheus.io/port"));
+            let served = template["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+                .any(|p| p["containerPort"] == port);
+            assert!(served, "{path} {name}: no container listens on {port}");
+        }
+    }
+}
