@@ -145,6 +145,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // Read everything once before serving, so that no sidecar is ever sent a
     // half-read config.
+    // On Kubernetes: the election, to end and release on shutdown.
+    let mut election = None;
     let store_rx = if args.source == "kubernetes" {
         let client = source::kubernetes::client().await?;
         let (tx, mut rx) = watch::channel(Store::default());
@@ -156,17 +158,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let initial = rx.borrow_and_update().clone();
         publish(&initial, &cache, &admin, &metrics, &la);
         let (leader_tx, leader_rx) = watch::channel(false);
-        tokio::spawn(source::kubernetes::lease::run(
+        let lease = source::kubernetes::lease::LeaseConfig {
+            namespace: args.lease_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: args.identity.clone(),
+            duration: args.lease_duration,
+            retry: args.lease_retry,
+        };
+        let campaign = tokio::spawn(source::kubernetes::lease::run(
             client.clone(),
-            source::kubernetes::lease::LeaseConfig {
-                namespace: args.lease_namespace.clone(),
-                name: args.lease_name.clone(),
-                identity: args.identity.clone(),
-                duration: args.lease_duration,
-                retry: args.lease_retry,
-            },
+            lease.clone(),
             leader_tx,
         ));
+        election = Some((client.clone(), lease, campaign));
         tokio::spawn(source::kubernetes::status::run(
             client,
             admin.status.subscribe(),
@@ -213,6 +217,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     grpc::serve(xds_listener, discovery, lrs, shutdown_signal())
         .await
         .context("discovery server")?;
+    if let Some((client, lease, campaign)) = election {
+        campaign.abort();
+        let _ = campaign.await;
+        source::kubernetes::lease::release(client, &lease).await;
+    }
     info!("control plane stopped");
     Ok(())
 }

@@ -371,7 +371,7 @@ async fn two_replicas_serve_and_one_elected_writes_status() {
     let mut a = control_plane(&net, &fake, "cp-a", 254, &lease).await;
     wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 1).await;
     let patches = fake.count("PATCH-STATUS");
-    let _b_cp = control_plane(&net, &fake, "cp-b", 253, &lease).await;
+    let b_cp = control_plane(&net, &fake, "cp-b", 253, &lease).await;
     let holder = |fake: &FakeKube| {
         fake.get(
             "coordination.k8s.io/v1",
@@ -444,6 +444,24 @@ async fn two_replicas_serve_and_one_elected_writes_status() {
         )
         .expect("lease");
     assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease:#}");
+
+    // A leader stopped as Kubernetes stops a pod (SIGTERM) gives the lease
+    // up, so that the next replica need not wait for it to expire.
+    b_cp.signal("TERM");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while holder(&fake).as_deref() != Some("") {
+        assert!(
+            Instant::now() < deadline,
+            "the lease was not released: {:#?}",
+            fake.get(
+                "coordination.k8s.io/v1",
+                "Lease",
+                "minimesh-system",
+                "minimesh-control-plane"
+            )
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,6 +62,38 @@ pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) 
     }
 }
 
+/// Gives the lease up if this replica holds it, as client-go's
+/// `ReleaseOnCancel`: no holder, renewed now for one second, so that another
+/// replica takes it at its next check instead of waiting out the lease
+/// (status writes would pause that long after every rollout). Called on
+/// shutdown, once the campaign has stopped.
+pub async fn release(client: Client, cfg: &LeaseConfig) {
+    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let result = async {
+        let Some(mut lease) = api.get_opt(&cfg.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        api.replace(&cfg.name, &PostParams::default(), &lease)
+            .await
+            .map(|_| true)
+    };
+    match tokio::time::timeout(cfg.retry.max(Duration::from_secs(1)), result).await {
+        Ok(Ok(true)) => info!(lease = %cfg.name, "lease released"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => {
+            warn!(lease = %cfg.name, error = %e, "releasing the lease failed; it expires by itself")
+        }
+        Err(_) => warn!(lease = %cfg.name, "releasing the lease timed out; it expires by itself"),
+    }
+}
+
 /// One round: Ok(true) when this replica holds the lease afterwards.
 async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
     let now = Timestamp::now();
