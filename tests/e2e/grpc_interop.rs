@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::harness::*;
 
-fn interop(script: &str) -> PathBuf {
+/// A script of tests/interop/.
+pub(crate) fn interop(script: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/interop")
         .join(script)

@@ -30,7 +30,8 @@ async fn client(net: &Net) -> AggregatedDiscoveryServiceClient<tonic::transport:
         .expect("connect")
 }
 
-async fn next<T>(s: &mut Streaming<T>) -> T {
+/// The next message of `s`, within 5 s.
+pub(crate) async fn next<T>(s: &mut Streaming<T>) -> T {
     tokio::time::timeout(Duration::from_secs(5), s.message())
         .await
         .expect("response within 5s")

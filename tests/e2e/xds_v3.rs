@@ -7,22 +7,16 @@
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::grpc_interop::interop;
 use crate::harness::*;
 
 const PORT: u16 = 50051;
 const TARGET: &str = "echo.default:50051";
 const CLUSTER: &str = "echo.default.svc.cluster.local:50051";
-
-fn interop(script: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/interop")
-        .join(script)
-}
 
 /// The echo Service (gRPC on 50051) and its EndpointSlice: `hosts` ready.
 fn echo_yaml(net: &Net, hosts: &[u8]) -> String {

@@ -6,8 +6,6 @@
 //! these machines; gRPC's xDS client, the other real v3 client, is in
 //! xds_v3.rs.
 
-use std::time::Duration;
-
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::{
     address, socket_address::PortSpecifier, Address, Node, SocketAddress,
@@ -30,9 +28,9 @@ use minimesh_proto::xds_v3::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::Streaming;
 
 use crate::harness::*;
+use crate::protocol::next;
 
 const CLUSTER: &str = "backend.default.svc.cluster.local:80";
 
@@ -42,14 +40,6 @@ fn node() -> Node {
         cluster: "envoy".into(),
         ..Default::default()
     }
-}
-
-async fn next<T>(s: &mut Streaming<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(5), s.message())
-        .await
-        .expect("response within 5s")
-        .expect("stream ok")
-        .expect("not closed")
 }
 
 /// The first resource of a delta response, decoded.
