@@ -500,9 +500,13 @@ pub async fn up(home: PathBuf, args: UpArgs) -> anyhow::Result<()> {
     println!("starting mesh from {} ...", args.topology.display());
     let mut mesh = Mesh::start(&home, &args).await?;
     print_summary(&mesh.state);
+    // One signal watch for the whole run: a SIGTERM that arrives while the
+    // mesh is being supervised is kept for the next turn, not lost.
+    let stop = minimesh_control_plane::shutdown_signal();
+    tokio::pin!(stop);
     let result = loop {
         tokio::select! {
-            _ = minimesh_control_plane::shutdown_signal() => break Ok(()),
+            _ = &mut stop => break Ok(()),
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
                 match mesh.supervise().await {
                     Ok(said) => said.iter().for_each(|l| println!("{l}")),

@@ -67,6 +67,9 @@ pub async fn run(home: PathBuf, args: TopArgs) -> anyhow::Result<()> {
         Some(a) => format!("control plane {a}"),
         None => MeshState::load(&home)?.name,
     };
+    // Watched once, so that Ctrl-C while a view is fetched is not lost.
+    let stop = minimesh_control_plane::shutdown_signal();
+    tokio::pin!(stop);
     loop {
         let view = get_json(&admin, "/debug/load").await?;
         let endpoints = get_json(&admin, "/debug/endpoints").await?;
@@ -82,7 +85,7 @@ pub async fn run(home: PathBuf, args: TopArgs) -> anyhow::Result<()> {
         );
         tokio::select! {
             _ = tokio::time::sleep(args.interval) => {}
-            _ = minimesh_control_plane::shutdown_signal() => return Ok(()),
+            _ = &mut stop => return Ok(()),
         }
     }
 }

@@ -51,6 +51,26 @@ impl Proc {
         }
     }
 
+    /// Waits for the process to exit by itself (polled, so that a process
+    /// that never exits fails the test with its log instead of hanging it).
+    pub async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "{} had not exited {within:?} after it was told to; log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -345,8 +365,33 @@ impl Conn {
         Ok((status, ep, body))
     }
 
-    /// Any request: status, response headers, body.
+    /// Any request: status, response headers, body. Bounded by a generous
+    /// 60 s that no test waits for an answer, so that a request that gets
+    /// none fails its test instead of hanging it.
     pub async fn send(
+        &mut self,
+        method: Method,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> anyhow::Result<(u16, HeaderMap, String)> {
+        let what = format!("{method} {host}{path}");
+        match tokio::time::timeout(
+            Duration::from_secs(60),
+            self.send_once(method, host, path, headers, body),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => {
+                self.sender = None;
+                anyhow::bail!("{what} to {}: no response within 60 s", self.addr)
+            }
+        }
+    }
+
+    async fn send_once(
         &mut self,
         method: Method,
         host: &str,

@@ -198,13 +198,8 @@ async fn seed_walkthrough_up_curl_apply_get() {
 
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");
-    let status = tokio::task::spawn_blocking(move || {
-        let s = up.child.wait();
-        (s, up)
-    })
-    .await
-    .expect("wait");
-    assert!(status.0.expect("exit").success());
+    let status = up.exited(Duration::from_secs(30)).await;
+    assert!(status.success(), "minimesh up exited with {status}");
     // The processes are gone once their listeners are (polled: the kernel
     // closes a killed process's sockets a moment after it exits).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
