@@ -70,7 +70,8 @@ def build_builtin(directory, yaml):
                 objects.extend(d for d in yaml.safe_load_all(f) if d)
         else:
             raise ValueError(f"{path}: resource {r!r} does not exist")
-    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                      "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
     for o in objects:
         if "namespace" in k and o.get("kind") not in cluster_scoped:
             o.setdefault("metadata", {})["namespace"] = k["namespace"]

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod source;
 pub mod store;
 pub mod translate;
+pub mod webhook;
 pub mod xds_v3;
 
 use std::collections::BTreeMap;
@@ -103,6 +104,9 @@ pub struct Args {
     /// nearest policy it implements (see the README's policy mapping).
     #[arg(long, env = "MINIMESH_XDS_V3_EXACT_POLICIES")]
     pub xds_v3_exact_policies: bool,
+    /// The validating admission webhook (Kubernetes).
+    #[command(flatten)]
+    pub webhook: webhook::WebhookArgs,
 }
 
 /// Parses a flag duration (`100ms`, `1s`, `2m`).
@@ -171,6 +175,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_tx,
         ));
         election = Some((client.clone(), lease, campaign));
+        webhook::start(
+            &args.webhook,
+            Some(client.clone()),
+            &args.lease_namespace,
+            metrics.admission_reviews.clone(),
+        )
+        .await?;
         tokio::spawn(source::kubernetes::status::run(
             client,
             admin.status.subscribe(),
@@ -178,6 +189,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ));
         rx
     } else {
+        webhook::start(
+            &args.webhook,
+            None,
+            &args.lease_namespace,
+            metrics.admission_reviews.clone(),
+        )
+        .await?;
         let mut source = FileSource::new(&args.config_dir, &args.default_namespace);
         if !args.config_dir.is_dir() {
             warn!(dir = %args.config_dir.display(), "config directory does not exist (yet); serving an empty config until it does");

@@ -16,6 +16,27 @@ pub struct TypeLabel {
     pub r#type: String,
 }
 
+/// Label set of an admission review's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabel {
+    /// `allowed`, `denied` or `malformed`.
+    pub verdict: &'static str,
+}
+
+impl VerdictLabel {
+    /// The label of a review's verdict.
+    pub fn of(v: crate::webhook::review::Verdict) -> Self {
+        use crate::webhook::review::Verdict;
+        VerdictLabel {
+            verdict: match v {
+                Verdict::Allowed => "allowed",
+                Verdict::Denied => "denied",
+                Verdict::Malformed => "malformed",
+            },
+        }
+    }
+}
+
 /// Every control-plane metric.
 pub struct Metrics {
     /// Connected discovery streams.
@@ -32,6 +53,8 @@ pub struct Metrics {
     pub config_errors: Gauge,
     /// Seconds from the first change of a debounce window to publication.
     pub debounce_seconds: Histogram,
+    /// Admission reviews of rules answered, by verdict.
+    pub admission_reviews: Family<VerdictLabel, Counter>,
 }
 
 impl Metrics {
@@ -45,6 +68,7 @@ impl Metrics {
             config_updates: Counter::default(),
             config_errors: Gauge::default(),
             debounce_seconds: Histogram::new([0.01, 0.05, 0.1, 0.15, 0.2, 0.5, 1.0, 2.0]),
+            admission_reviews: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("minimesh");
         r.register(
@@ -82,6 +106,18 @@ impl Metrics {
             "Time from the first change in a debounce window to publication",
             m.debounce_seconds.clone(),
         );
+        r.register(
+            "admission_reviews",
+            "Admission reviews of DestinationRules answered by the webhook, by verdict",
+            m.admission_reviews.clone(),
+        );
+        for v in [
+            crate::webhook::review::Verdict::Allowed,
+            crate::webhook::review::Verdict::Denied,
+            crate::webhook::review::Verdict::Malformed,
+        ] {
+            let _ = m.admission_reviews.get_or_create(&VerdictLabel::of(v));
+        }
         // Every type's counters exist from the start at 0, so that a rate or
         // an increase over them reads 0 rather than no data.
         for t in minimesh_proto::ALL_TYPES

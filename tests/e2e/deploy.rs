@@ -42,6 +42,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
         "PodDisruptionBudget minimesh-system/minimesh-control-plane",
         "ClusterRole /minimesh-control-plane",
         "Role minimesh-system/minimesh-leader-election",
+        "ValidatingWebhookConfiguration /minimesh-validator",
         "Deployment istioinaction/simple-backend-2",
         "Service istioinaction/ingress-gateway",
         "DestinationRule /simple-backend-dr [CRD schema, unknown fields refused]",

@@ -2,11 +2,14 @@
 //! (with resourceVersion), watch (ADDED/MODIFIED/DELETED events, BOOKMARKs,
 //! an `ERROR` 410 Expired for a resourceVersion older than the compaction
 //! point), get, create, replace (optimistic concurrency: 409 on a stale
-//! resourceVersion), merge-patch of the status subresource, delete. Enough
-//! of the protocol for kube-rs watchers, the status writer and Lease
-//! election; it stores JSON and validates nothing, as an API server with a
-//! permissive schema would. As the real one, it writes an EndpointSlice's
-//! empty `endpoints` and `ports` as `null`.
+//! resourceVersion), merge-patch of an object and of its status
+//! subresource, delete. Enough of the protocol for kube-rs watchers, the
+//! status writer and Lease election, and (`kubectl.rs`) for the real
+//! kubectl: discovery, OpenAPI v3, Tables, field selectors. Creates and
+//! updates go through validating admission webhooks over HTTPS
+//! (`admission.rs`); otherwise it stores JSON and validates nothing, as an
+//! API server with a permissive schema would. As the real one, it writes an
+//! EndpointSlice's empty `endpoints` and `ports` as `null`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -18,19 +21,25 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Method, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use http_body_util::{combinators::BoxBody, BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+mod admission;
+mod kubectl;
+mod wire;
+
+use wire::*;
+
 type Body = BoxBody<Bytes, Infallible>;
 
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 5] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 7] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -46,8 +55,46 @@ const COLLECTIONS: [(&str, &str, &str, &str); 5] = [
         "destinationrules",
         "DestinationRule",
     ),
+    ("", "v1", "secrets", "Secret"),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+    ),
 ];
 const ISTIO: usize = 4;
+const WEBHOOKS: usize = 6;
+
+/// Whether a collection's objects live outside namespaces.
+fn cluster_scoped(c: usize) -> bool {
+    c == WEBHOOKS
+}
+
+/// An open watch: what it selects, where its event lines go.
+struct Watch {
+    c: usize,
+    tx: mpsc::UnboundedSender<Bytes>,
+    bookmarks: bool,
+    /// Only this namespace's objects (a namespaced watch).
+    namespace: Option<String>,
+    /// Only the object of this name (`fieldSelector=metadata.name=...`).
+    name: Option<String>,
+}
+
+impl Watch {
+    fn selects(&self, c: usize, obj: &Value) -> bool {
+        self.c == c
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|n| obj["metadata"]["namespace"] == *n.as_str())
+            && self
+                .name
+                .as_ref()
+                .is_none_or(|n| obj["metadata"]["name"] == *n.as_str())
+    }
+}
 
 #[derive(Default)]
 struct Inner {
@@ -58,8 +105,8 @@ struct Inner {
     objects: BTreeMap<(usize, String, String), Value>,
     /// Every change: (resourceVersion, collection, event type, object).
     history: Vec<(u64, usize, &'static str, Value)>,
-    /// Open watches: collection, sender of event lines, wants bookmarks.
-    watches: Vec<(usize, mpsc::UnboundedSender<Bytes>, bool)>,
+    /// Open watches.
+    watches: Vec<Watch>,
     /// "LIST plural", "WATCH plural rv", "PATCH-STATUS name", … in order.
     log: Vec<String>,
 }
@@ -70,6 +117,9 @@ pub struct FakeKube {
     inner: Arc<Mutex<Inner>>,
     pub addr: SocketAddr,
     istio: bool,
+    /// Where each Service ("namespace/name") is reached: the admission
+    /// webhook's.
+    services: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
 }
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
@@ -101,6 +151,7 @@ impl FakeKube {
             inner: Arc::default(),
             addr,
             istio,
+            services: Arc::default(),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -149,20 +200,26 @@ impl FakeKube {
             obj["apiVersion"].as_str().unwrap_or(""),
             obj["kind"].as_str().unwrap_or(""),
         );
-        let ns = obj["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_string();
+        let ns = if cluster_scoped(c) {
+            String::new()
+        } else {
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        };
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         let mut inner = self.inner.lock().expect("lock");
         let key = (c, ns.clone(), name);
         let previous = inner.objects.get(&key).cloned();
-        obj["metadata"]["namespace"] = ns.into();
+        if !ns.is_empty() {
+            obj["metadata"]["namespace"] = ns.into();
+        }
         let event = match &previous {
             None => {
                 obj["metadata"]["generation"] = 1.into();
                 obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
-                obj["metadata"]["creationTimestamp"] = "2026-12-02T00:00:00Z".into();
+                obj["metadata"]["creationTimestamp"] = now().into();
                 "ADDED"
             }
             Some(p) => {
@@ -178,6 +235,51 @@ impl FakeKube {
             }
         };
         inner.commit(key, event, obj);
+    }
+
+    /// Routes Service `namespace/name` to `addr`, as its endpoints would.
+    pub fn route_service(&self, namespace: &str, name: &str, addr: SocketAddr) {
+        self.services
+            .lock()
+            .expect("lock")
+            .insert(format!("{namespace}/{name}"), addr);
+    }
+
+    /// Runs admission for a create or an update of collection `c`.
+    async fn admit(
+        &self,
+        c: usize,
+        operation: &str,
+        object: &Value,
+        old_object: Option<&Value>,
+    ) -> Result<Vec<String>, admission::Refused> {
+        let (configurations, services) = {
+            let inner = self.inner.lock().expect("lock");
+            let configurations: Vec<Value> = inner
+                .objects
+                .iter()
+                .filter(|((oc, _, _), _)| *oc == WEBHOOKS)
+                .map(|(_, o)| o.clone())
+                .collect();
+            (configurations, self.services.lock().expect("lock").clone())
+        };
+        let (group, version, resource, kind) = COLLECTIONS[c];
+        admission::validate(
+            &configurations,
+            &services,
+            &admission::Attempt {
+                group,
+                version,
+                resource,
+                kind,
+                namespace: object["metadata"]["namespace"].as_str().unwrap_or(""),
+                name: object["metadata"]["name"].as_str().unwrap_or(""),
+                operation,
+                object,
+                old_object,
+            },
+        )
+        .await
     }
 
     /// Deletes an object.
@@ -206,8 +308,8 @@ impl FakeKube {
         let mut inner = self.inner.lock().expect("lock");
         inner.compacted = inner.rv;
         let line = watch_line("ERROR", &gone(inner.rv, inner.rv));
-        for (_, tx, _) in inner.watches.drain(..) {
-            let _ = tx.send(line.clone());
+        for w in inner.watches.drain(..) {
+            let _ = w.tx.send(line.clone());
         }
     }
 
@@ -244,16 +346,16 @@ impl FakeKube {
     fn bookmark(&self) {
         let mut inner = self.inner.lock().expect("lock");
         let rv = inner.rv;
-        inner.watches.retain(|(c, tx, bookmarks)| {
-            if !bookmarks {
-                return !tx.is_closed();
+        inner.watches.retain(|w| {
+            if !w.bookmarks {
+                return !w.tx.is_closed();
             }
-            let (g, v, _, kind) = COLLECTIONS[*c];
+            let (g, v, _, kind) = COLLECTIONS[w.c];
             let obj = json!({
                 "apiVersion": api_version(g, v), "kind": kind,
                 "metadata": {"resourceVersion": rv.to_string()}
             });
-            tx.send(watch_line("BOOKMARK", &obj)).is_ok()
+            w.tx.send(watch_line("BOOKMARK", &obj)).is_ok()
         });
     }
 
@@ -266,15 +368,34 @@ impl FakeKube {
             .unwrap_or("")
             .split('&')
             .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (k.to_string(), percent_decode(v)))
             .collect();
+        // `kubectl get` asks for a Table.
+        let table = req
+            .headers()
+            .get("accept")
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("as=Table"));
+        // `fieldSelector=metadata.name=NAME` (kubectl wait): that object only.
+        let only = query
+            .get("fieldSelector")
+            .and_then(|f| f.strip_prefix("metadata.name="))
+            .map(str::to_string);
         let body = req
             .into_body()
             .collect()
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        let Some((c, ns, name, sub)) = route(&path).filter(|r| r.0 != ISTIO || self.istio) else {
+        let served = |c: usize| c != ISTIO || self.istio;
+        let Some((c, ns, name, sub)) = route(&path).filter(|r| served(r.0)) else {
+            if method == Method::GET {
+                let doc =
+                    kubectl::openapi(&path, served).or_else(|| kubectl::discovery(&path, served));
+                if let Some(doc) = doc {
+                    return json_response(StatusCode::OK, &doc);
+                }
+            }
             return status_response(
                 StatusCode::NOT_FOUND,
                 "NotFound",
@@ -293,7 +414,17 @@ impl FakeKube {
                 let bookmarks = query
                     .get("allowWatchBookmarks")
                     .is_some_and(|b| b == "true");
-                self.watch(c, ns, from, bookmarks, plural)
+                self.watch(
+                    Watch {
+                        c,
+                        tx: mpsc::unbounded_channel().0,
+                        bookmarks,
+                        namespace: ns,
+                        name: only,
+                    },
+                    from,
+                    plural,
+                )
             }
             (Method::GET, None, _) => {
                 let mut inner = self.inner.lock().expect("lock");
@@ -301,7 +432,11 @@ impl FakeKube {
                 let items: Vec<Value> = inner
                     .objects
                     .iter()
-                    .filter(|((oc, ons, _), _)| *oc == c && ns.as_ref().is_none_or(|n| n == ons))
+                    .filter(|((oc, ons, oname), _)| {
+                        *oc == c
+                            && ns.as_ref().is_none_or(|n| n == ons)
+                            && only.as_ref().is_none_or(|n| n == oname)
+                    })
                     .map(|(_, o)| {
                         let mut o = o.clone();
                         // Built-in kinds' list items carry no apiVersion/kind.
@@ -314,6 +449,9 @@ impl FakeKube {
                         o
                     })
                     .collect();
+                if table {
+                    return json_response(StatusCode::OK, &kubectl::table(c, &items, inner.rv));
+                }
                 let (g, v, _, kind) = COLLECTIONS[c];
                 json_response(
                     StatusCode::OK,
@@ -331,6 +469,10 @@ impl FakeKube {
                     .objects
                     .get(&(c, ns.unwrap_or_default(), name.clone()))
                 {
+                    Some(o) if table => json_response(
+                        StatusCode::OK,
+                        &kubectl::table(c, std::slice::from_ref(o), inner.rv),
+                    ),
                     Some(o) => json_response(StatusCode::OK, o),
                     None => status_response(
                         StatusCode::NOT_FOUND,
@@ -345,9 +487,16 @@ impl FakeKube {
                 };
                 let ns = ns.unwrap_or_default();
                 let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if !ns.is_empty() {
+                    obj["metadata"]["namespace"] = ns.clone().into();
+                }
+                let warnings = match self.admit(c, "CREATE", &obj, None).await {
+                    Ok(w) => w,
+                    Err(r) => return refused(r),
+                };
                 let mut inner = self.inner.lock().expect("lock");
                 inner.log.push(format!("CREATE {plural} {name}"));
-                let key = (c, ns.clone(), name.clone());
+                let key = (c, ns, name.clone());
                 if inner.objects.contains_key(&key) {
                     return status_response(
                         StatusCode::CONFLICT,
@@ -355,35 +504,82 @@ impl FakeKube {
                         &format!("{plural} \"{name}\" already exists"),
                     );
                 }
-                obj["metadata"]["namespace"] = ns.into();
                 obj["metadata"]["generation"] = 1.into();
+                obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
+                obj["metadata"]["creationTimestamp"] = now().into();
                 let obj = inner.commit(key, "ADDED", obj);
-                json_response(StatusCode::CREATED, &obj)
+                with_warnings(json_response(StatusCode::CREATED, &obj), &warnings)
             }
-            (Method::PUT, Some(name), None) => {
-                let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+            // Replace (optimistic concurrency on resourceVersion) and patch
+            // (JSON merge patch; a strategic merge patch is taken as one,
+            // which it is for every field the tests patch).
+            (method @ (Method::PUT | Method::PATCH), Some(name), None) => {
+                let Ok(body) = serde_json::from_slice::<Value>(&body) else {
                     return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
                 };
-                let mut inner = self.inner.lock().expect("lock");
-                inner.log.push(format!("REPLACE {plural} {name}"));
                 let key = (c, ns.unwrap_or_default(), name.clone());
-                let Some(current) = inner.objects.get(&key) else {
+                let Some(current) = self.inner.lock().expect("lock").objects.get(&key).cloned()
+                else {
                     return status_response(
                         StatusCode::NOT_FOUND,
                         "NotFound",
                         &format!("{plural} \"{name}\" not found"),
                     );
                 };
-                if obj["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                    return status_response(
+                let conflict = || {
+                    status_response(
                         StatusCode::CONFLICT,
                         "Conflict",
                         &format!("Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
-                    );
+                    )
+                };
+                let mut obj = if method == Method::PUT {
+                    if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]
+                    {
+                        return conflict();
+                    }
+                    body
+                } else {
+                    let mut o = current.clone();
+                    merge(&mut o, &body);
+                    o
+                };
+                // The status is the status subresource's to change.
+                match current.get("status") {
+                    Some(st) => obj["status"] = st.clone(),
+                    None => {
+                        if let Some(m) = obj.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
                 }
-                obj["metadata"]["generation"] = current["metadata"]["generation"].clone();
+                let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+                let changed = current.get("spec") != obj.get("spec");
+                obj["metadata"]["generation"] = (generation + i64::from(changed)).into();
+                let warnings = match self.admit(c, "UPDATE", &obj, Some(&current)).await {
+                    Ok(w) => w,
+                    Err(r) => return refused(r),
+                };
+                let mut inner = self.inner.lock().expect("lock");
+                inner.log.push(format!(
+                    "{} {plural} {name}",
+                    if method == Method::PUT {
+                        "REPLACE"
+                    } else {
+                        "PATCH"
+                    }
+                ));
+                // Changed by someone else while the webhooks ran.
+                if inner
+                    .objects
+                    .get(&key)
+                    .map(|o| &o["metadata"]["resourceVersion"])
+                    != Some(&current["metadata"]["resourceVersion"])
+                {
+                    return conflict();
+                }
                 let obj = inner.commit(key, "MODIFIED", obj);
-                json_response(StatusCode::OK, &obj)
+                with_warnings(json_response(StatusCode::OK, &obj), &warnings)
             }
             (Method::PATCH, Some(name), Some("status")) => {
                 let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
@@ -425,32 +621,20 @@ impl FakeKube {
         }
     }
 
-    fn watch(
-        &self,
-        c: usize,
-        ns: Option<String>,
-        from: u64,
-        bookmarks: bool,
-        plural: &str,
-    ) -> Response<Body> {
+    fn watch(&self, mut w: Watch, from: u64, plural: &str) -> Response<Body> {
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        w.tx = tx;
         let mut inner = self.inner.lock().expect("lock");
         inner.log.push(format!("WATCH {plural} {from}"));
         if from < inner.compacted {
-            let _ = tx.send(watch_line("ERROR", &gone(from, inner.compacted)));
-            drop(tx);
+            let _ = w.tx.send(watch_line("ERROR", &gone(from, inner.compacted)));
         } else {
             for (rv, hc, kind, obj) in &inner.history {
-                if *rv > from
-                    && *hc == c
-                    && ns
-                        .as_ref()
-                        .is_none_or(|n| obj["metadata"]["namespace"] == *n.as_str())
-                {
-                    let _ = tx.send(watch_line(kind, obj));
+                if *rv > from && w.selects(*hc, obj) {
+                    let _ = w.tx.send(watch_line(kind, obj));
                 }
             }
-            inner.watches.push((c, tx, bookmarks));
+            inner.watches.push(w);
         }
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
             .map(|b| Ok::<_, Infallible>(Frame::data(b)));
@@ -492,94 +676,7 @@ impl Inner {
         self.history.push((self.rv, key.0, event, obj.clone()));
         let line = watch_line(event, &obj);
         self.watches
-            .retain(|(c, tx, _)| *c != key.0 || tx.send(line.clone()).is_ok());
+            .retain(|w| !w.selects(key.0, &obj) || w.tx.send(line.clone()).is_ok());
         obj
     }
-}
-
-fn api_version(group: &str, version: &str) -> String {
-    if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    }
-}
-
-/// What a request path addresses: collection, namespace, name, subresource.
-type Target = (usize, Option<String>, Option<String>, Option<String>);
-
-/// `/api/v1/...` or `/apis/{group}/{version}/...` -> what it addresses.
-fn route(path: &str) -> Option<Target> {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, version, rest) = match parts.as_slice() {
-        ["api", v, rest @ ..] => ("", *v, rest),
-        ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        _ => return None,
-    };
-    let (ns, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
-        _ => (None, rest),
-    };
-    let (plural, name, sub) = match rest {
-        [p] => (*p, None, None),
-        [p, n] => (*p, Some(n.to_string()), None),
-        [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
-        _ => return None,
-    };
-    let c = COLLECTIONS
-        .iter()
-        .position(|(g, v, p, _)| *g == group && *v == version && *p == plural)?;
-    Some((c, ns, name, sub))
-}
-
-fn watch_line(kind: &str, obj: &Value) -> Bytes {
-    let mut line = serde_json::to_vec(&json!({"type": kind, "object": obj})).expect("json");
-    line.push(b'\n');
-    Bytes::from(line)
-}
-
-fn gone(asked: u64, oldest: u64) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("too old resource version: {asked} ({oldest})"),
-        "reason": "Expired", "code": 410
-    })
-}
-
-/// RFC 7386 JSON merge patch.
-fn merge(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = json!({});
-            }
-            let t = target.as_object_mut().expect("object");
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        other => *target = other.clone(),
-    }
-}
-
-fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(v).expect("json"))).boxed())
-        .expect("response")
-}
-
-fn status_response(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    json_response(
-        code,
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code.as_u16()
-        }),
-    )
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::fake_kube::FakeKube;
 use crate::harness::*;
 
-fn service(name: &str) -> Value {
+pub fn service(name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": NS},
@@ -21,7 +21,7 @@ fn service(name: &str) -> Value {
 }
 
 /// An EndpointSlice with one endpoint per (ip, ready).
-fn slice(net: &Net, name: &str, hosts: &[(u8, bool)]) -> Value {
+pub fn slice(net: &Net, name: &str, hosts: &[(u8, bool)]) -> Value {
     let endpoints: Vec<Value> = hosts
         .iter()
         .map(|(h, ready)| {
@@ -53,7 +53,7 @@ fn rule(name: &str, host: &str, load_balancer: Value) -> Value {
 }
 
 /// Starts a control plane reading the fake API.
-async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
+pub async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
     let kubeconfig = net.dir.join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig);
     let mut args: Vec<String> = [

@@ -1,6 +1,7 @@
 //! End-to-end tests: real control plane, sidecars and fake-service backends
 //! on loopback, real HTTP and gRPC traffic.
 
+mod admission;
 mod balancing;
 mod bench;
 mod config;

@@ -1,0 +1,94 @@
+//! The validating admission webhook for minimesh.io DestinationRules: the
+//! API server asks it before storing a rule, and a rule `minimesh apply`
+//! would refuse is refused by `kubectl apply` too, with the field and the
+//! reason (`review.rs`). HTTPS (`server.rs`) with a certificate generated
+//! once per cluster and shared through a Secret, its CA patched into the
+//! `ValidatingWebhookConfiguration` (`certs.rs`); or cert-manager's.
+
+pub mod certs;
+pub mod review;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::metrics::VerdictLabel;
+
+/// Flags of the admission webhook.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Kubernetes: address of the validating admission webhook (HTTPS, `POST /validate`). Unset: no webhook.
+    #[arg(long = "webhook-addr", env = "MINIMESH_WEBHOOK_ADDR")]
+    pub addr: Option<SocketAddr>,
+    /// Kubernetes: the Service the API server calls the webhook through (its names go in the certificate).
+    #[arg(
+        long = "webhook-service",
+        env = "MINIMESH_WEBHOOK_SERVICE",
+        default_value = "minimesh-control-plane"
+    )]
+    pub service: String,
+    /// Kubernetes: the ValidatingWebhookConfiguration whose caBundle the control plane keeps set.
+    #[arg(
+        long = "webhook-configuration",
+        env = "MINIMESH_WEBHOOK_CONFIGURATION",
+        default_value = "minimesh-validator"
+    )]
+    pub configuration: String,
+    /// Kubernetes: the Secret (in the control plane's namespace) that holds the generated certificate, one for every replica.
+    #[arg(
+        long = "webhook-secret",
+        env = "MINIMESH_WEBHOOK_SECRET",
+        default_value = "minimesh-webhook-tls"
+    )]
+    pub secret: String,
+    /// A directory holding tls.crt and tls.key (cert-manager's Certificate
+    /// Secret, mounted): served as is, and no Secret or caBundle is written
+    /// (cert-manager's CA injector sets it).
+    #[arg(long = "webhook-tls-dir", env = "MINIMESH_WEBHOOK_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+}
+
+/// Starts the webhook when `--webhook-addr` is set: binds (so that a taken
+/// port fails the start), gets the certificate, and serves in the
+/// background; `client` (Kubernetes) shares the certificate and keeps the
+/// CA bundle set. `namespace` is the control plane's own.
+pub async fn start(
+    args: &WebhookArgs,
+    client: Option<kube::Client>,
+    namespace: &str,
+    reviews: Family<VerdictLabel, Counter>,
+) -> anyhow::Result<()> {
+    let Some(addr) = args.addr else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding webhook address {addr}"))?;
+    let tls = match (&args.tls_dir, client) {
+        (Some(dir), _) => certs::from_dir(dir)?,
+        (None, Some(client)) => {
+            let names = certs::names(&args.service, namespace);
+            let tls = certs::shared(&client, namespace, &args.secret, &names).await?;
+            tokio::spawn(certs::keep_ca_bundle(
+                client,
+                args.configuration.clone(),
+                args.service.clone(),
+                namespace.to_string(),
+                tls.ca.clone(),
+                Duration::from_secs(30),
+            ));
+            tls
+        }
+        (None, None) => anyhow::bail!(
+            "--webhook-addr needs --source kubernetes (to share its certificate through a Secret) or --webhook-tls-dir"
+        ),
+    };
+    let config = server::server_config(&tls)?;
+    tokio::spawn(server::serve(listener, config, reviews));
+    Ok(())
+}

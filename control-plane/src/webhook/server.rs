@@ -1,0 +1,132 @@
+//! The webhook's HTTPS server: `POST /validate` takes an AdmissionReview
+//! (at most 4 MiB: the API server's objects are at most 1.5 MiB), anything
+//! else is 404. HTTP/1.1 and HTTP/2 (the API server speaks either).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use super::certs::Tls;
+use super::review::{review, Verdict};
+use crate::metrics::VerdictLabel;
+
+/// The most an AdmissionReview may weigh.
+const MAX_BODY: usize = 4 << 20;
+/// A client that has not finished its TLS handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A rustls server config for the pair (ring, TLS 1.2 and 1.3, h2 and http/1.1).
+pub fn server_config(tls: &Tls) -> anyhow::Result<rustls::ServerConfig> {
+    let certs = CertificateDer::pem_slice_iter(tls.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("webhook certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(tls.key.as_bytes())
+        .map_err(|e| anyhow::anyhow!("webhook key: {e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| anyhow::anyhow!("webhook certificate and key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Serves reviews on `listener` until the task is dropped.
+pub async fn serve(
+    listener: TcpListener,
+    config: rustls::ServerConfig,
+    reviews: Family<VerdictLabel, Counter>,
+) {
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    info!(addr = ?listener.local_addr().ok(), "admission webhook serving");
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "webhook accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let reviews = reviews.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return debug!(%peer, error = %e, "webhook TLS handshake failed"),
+                Err(_) => return debug!(%peer, "webhook TLS handshake timed out"),
+            };
+            let svc = service_fn(move |req| {
+                let reviews = reviews.clone();
+                async move { Ok::<_, Infallible>(handle(req, &reviews).await) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    reviews: &Family<VerdictLabel, Counter>,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::POST || req.uri().path() != "/validate" {
+        return text(StatusCode::NOT_FOUND, "the webhook serves POST /validate\n");
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("reading the review: {e} (at most {MAX_BODY} bytes)\n"),
+            )
+        }
+    };
+    let (verdict, response) = match review(&body) {
+        Ok(r) => r,
+        Err(reason) => {
+            reviews
+                .get_or_create(&VerdictLabel::of(Verdict::Malformed))
+                .inc();
+            return text(StatusCode::BAD_REQUEST, &format!("{reason}\n"));
+        }
+    };
+    reviews.get_or_create(&VerdictLabel::of(verdict)).inc();
+    if verdict == Verdict::Denied {
+        info!(
+            reason = response["response"]["status"]["message"]
+                .as_str()
+                .unwrap_or(""),
+            "admission refused a rule"
+        );
+    }
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec(&response).unwrap_or_default(),
+        )))
+        .unwrap_or_default()
+}
+
+fn text(code: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = code;
+    r
+}

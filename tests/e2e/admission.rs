@@ -1,0 +1,226 @@
+//! The real `kubectl` against the fake API server, with the control plane's
+//! admission webhook called over HTTPS as the API server calls it: a good
+//! rule is applied and shows Accepted in `kubectl get` and `kubectl wait`; a
+//! bad one is refused with the field and the reason; every replica serves
+//! the one certificate whose CA is in the configuration's caBundle.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::fake_kube::FakeKube;
+use crate::harness::*;
+use crate::kubernetes::{control_plane, service, slice};
+
+const CP_NS: &str = "minimesh-system";
+
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The shipped manifest's documents of `kind`.
+fn shipped(file: &str, kind: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join(file)).expect("manifest");
+    serde_saphyr::from_multiple::<Value>(&text)
+        .expect("YAML")
+        .into_iter()
+        .filter(|d| d["kind"] == kind)
+        .collect()
+}
+
+/// Runs the real kubectl against the fake; (success, stdout, stderr).
+async fn kubectl(net: &Net, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let kubeconfig = net.dir.join("kubeconfig");
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .args(&args)
+            .args(std::env::var("KUBECTL_V").ok().map(|v| format!("-v={v}")))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_file_name("kube-cache"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl is installed (.ci/run installs it)");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())
+                .expect("write");
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("join")
+}
+
+const GOOD: &str = "apiVersion: minimesh.io/v1alpha1
+kind: DestinationRule
+metadata:
+  name: backend-dr
+  namespace: default
+spec:
+  host: backend
+  trafficPolicy:
+    loadBalancer:
+      simple: RANDOM
+";
+
+const BAD: &str = "apiVersion: minimesh.io/v1alpha1
+kind: DestinationRule
+metadata:
+  name: backend-dr
+  namespace: default
+spec:
+  host: backend
+  trafficPolicy:
+    loadBalancer:
+      simple: FASTEST
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_reason() {
+    let net = Net::new(110);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
+    for c in shipped("deploy/base/webhook.yaml", "ValidatingWebhookConfiguration") {
+        fake.apply(c);
+    }
+    // The API server reaches the webhook through the control plane's
+    // Service: here, the first replica's webhook port.
+    fake.route_service(CP_NS, "minimesh-control-plane", net.addr(254, 15017));
+    let webhook = |host: u8| net.addr(host, 15017).to_string();
+    let _cp0 = control_plane(&net, &fake, "cp-0", 254, &["--webhook-addr", &webhook(254)]).await;
+
+    // The control plane made the certificate, stored it, and set the CA.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let bundle = loop {
+        let config = fake
+            .get(
+                "admissionregistration.k8s.io/v1",
+                "ValidatingWebhookConfiguration",
+                "",
+                "minimesh-validator",
+            )
+            .expect("configuration");
+        if let Some(b) = config["webhooks"][0]["clientConfig"]["caBundle"].as_str() {
+            break b.to_string();
+        }
+        assert!(Instant::now() < deadline, "caBundle never set: {config:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let secret = fake
+        .get("v1", "Secret", CP_NS, "minimesh-webhook-tls")
+        .expect("the certificate's Secret");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(secret["data"]["ca.crt"].as_str(), Some(bundle.as_str()));
+
+    // A second replica serves the same certificate: its CA is the bundle's.
+    let _cp1 = control_plane(&net, &fake, "cp-1", 253, &["--webhook-addr", &webhook(253)]).await;
+
+    // A good rule goes in and is accepted.
+    let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(GOOD)).await;
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "destinationrule.minimesh.io/backend-dr created",
+        "{err}"
+    );
+    let (ok, out, err) = kubectl(
+        &net,
+        &[
+            "wait",
+            "--for=condition=Accepted",
+            "destinationrule.minimesh.io/backend-dr",
+            "--timeout=20s",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+
+    // A bad one is refused, named by field and reason, through either replica.
+    for host in [254, 253] {
+        fake.route_service(CP_NS, "minimesh-control-plane", net.addr(host, 15017));
+        let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(BAD)).await;
+        assert!(!ok, "{out}{err}");
+        assert!(
+            err.contains("admission webhook \"validation.minimesh.io\" denied the request: spec.trafficPolicy.loadBalancer.simple: "),
+            "{err}"
+        );
+        assert!(err.contains("FASTEST"), "{err}");
+    }
+    // The stored rule is still the good one, and `kubectl get dr` says so
+    // in the CRD's columns.
+    let (ok, out, err) = kubectl(&net, &["get", "dr"], None).await;
+    assert!(ok && err.is_empty(), "{out}{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["NAME", "HOST", "POLICY", "ACCEPTED", "AGE"],
+        "{out}"
+    );
+    assert_eq!(
+        lines[1][..4],
+        ["backend-dr", "backend", "RANDOM", "True"],
+        "{out}"
+    );
+    assert!(lines[1][4].ends_with('s'), "an age in seconds: {out}");
+    let stored = fake
+        .get("minimesh.io/v1alpha1", "DestinationRule", NS, "backend-dr")
+        .expect("rule");
+    assert_eq!(
+        stored["spec"]["trafficPolicy"]["loadBalancer"]["simple"],
+        "RANDOM"
+    );
+
+    // A field accepted without effect is applied, with kubectl's warning.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "{GOOD}    connectionPool:\n      http:\n        h2UpgradePolicy: UPGRADE\n"
+        )),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "destinationrule.minimesh.io/backend-dr configured"
+    );
+    assert!(
+        err.starts_with("Warning: spec.trafficPolicy.connectionPool.http.h2UpgradePolicy: UPGRADE is accepted but not enforced"),
+        "{err}"
+    );
+
+    // Both replicas counted what they answered.
+    let mut denied = 0.0;
+    for host in [254, 253] {
+        let (_, _, metrics) = get(net.addr(host, 15014), "localhost", "/metrics")
+            .await
+            .expect("metrics");
+        denied += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("minimesh_admission_reviews_total{verdict=\"denied\"} "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no denied count:\n{metrics}"));
+    }
+    assert_eq!(denied, 2.0);
+}

@@ -1,0 +1,151 @@
+//! The fake API server's wire pieces: paths, query values, watch lines,
+//! merge patches, timestamps and the responses (Status objects, admission
+//! refusals and warnings) as the API server writes them.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+
+use super::{admission, Body, COLLECTIONS};
+
+/// Now, as the API server writes timestamps (RFC 3339, whole seconds).
+pub fn now() -> String {
+    use k8s_openapi::jiff::{Timestamp, Unit};
+    Timestamp::now()
+        .round(Unit::Second)
+        .unwrap_or_else(|_| Timestamp::now())
+        .to_string()
+}
+
+/// A query value with its `%XX` escapes (and `+`) decoded.
+pub fn percent_decode(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn api_version(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    }
+}
+
+/// What a request path addresses: collection, namespace, name, subresource.
+pub type Target = (usize, Option<String>, Option<String>, Option<String>);
+
+/// `/api/v1/...` or `/apis/{group}/{version}/...` -> what it addresses.
+pub fn route(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
+        _ => return None,
+    };
+    let c = COLLECTIONS
+        .iter()
+        .position(|(g, v, p, _)| *g == group && *v == version && *p == plural)?;
+    Some((c, ns, name, sub))
+}
+
+pub fn watch_line(kind: &str, obj: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": obj})).expect("json");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+pub fn gone(asked: u64, oldest: u64) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("too old resource version: {asked} ({oldest})"),
+        "reason": "Expired", "code": 410
+    })
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+pub fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(v).expect("json"))).boxed())
+        .expect("response")
+}
+
+/// A refusal by admission, as the API server sends it.
+pub fn refused(r: admission::Refused) -> Response<Body> {
+    json_response(
+        StatusCode::from_u16(r.code).unwrap_or(StatusCode::FORBIDDEN),
+        &r.status,
+    )
+}
+
+/// Admission warnings as the API server sends them (kubectl prints each).
+pub fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let value = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
+}
+
+pub fn status_response(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    json_response(
+        code,
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code.as_u16()
+        }),
+    )
+}
