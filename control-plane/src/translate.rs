@@ -10,7 +10,7 @@ use minimesh_proto::v1::{
 use serde::Serialize;
 
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
-use crate::config::parse::{ObjectKey, ValidRule};
+use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
 use crate::store::Store;
 
@@ -38,6 +38,10 @@ pub struct RuleStatus {
     pub policy: Option<&'static str>,
     /// Clusters the rule applies to.
     pub clusters: Vec<String>,
+    /// What the rule's status should warn of besides its fields: Istio
+    /// rules for the same service that it overrides.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The name of the cluster for one service port.
@@ -92,6 +96,7 @@ pub fn translate(
 ) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) {
     let mut status = BTreeMap::new();
     let mut rule_for: BTreeMap<(String, String), (&ObjectKey, &ValidRule)> = BTreeMap::new();
+    let mut overridden: BTreeMap<ObjectKey, Vec<String>> = BTreeMap::new();
     let services: BTreeSet<(String, String)> = store
         .services
         .keys()
@@ -111,11 +116,20 @@ pub fn translate(
                     ),
                     policy,
                     clusters: vec![],
+                    warnings: vec![],
                 },
             );
             continue;
         };
         if let Some((other, _)) = rule_for.get(&target) {
+            // Istio's rules get no status from minimesh: the minimesh rule
+            // that overrides one says so in its own.
+            if key.kind == ISTIO_RULE_KIND && other.kind != ISTIO_RULE_KIND {
+                overridden.entry((*other).clone()).or_default().push(format!(
+                    "Istio's DestinationRule {}/{} (networking.istio.io) also names service {}.{}; this rule is applied and that one is ignored",
+                    key.namespace, key.name, target.0, target.1
+                ));
+            }
             status.insert(
                 key.clone(),
                 RuleStatus {
@@ -127,6 +141,7 @@ pub fn translate(
                     ),
                     policy,
                     clusters: vec![],
+                    warnings: vec![],
                 },
             );
             continue;
@@ -143,6 +158,7 @@ pub fn translate(
                     ),
                     policy,
                     clusters: vec![],
+                    warnings: vec![],
                 },
             );
         }
@@ -240,6 +256,7 @@ pub fn translate(
                             .to_string(),
                         policy: Some(vr.resolved.policy.as_str()),
                         clusters: vec![],
+                        warnings: vec![],
                     })
                     .clusters
                     .push(name.clone());
@@ -308,6 +325,11 @@ pub fn translate(
             .port;
         out.routes
             .insert(format!("{}.{}", skey.name, skey.namespace), route);
+    }
+    for (key, warnings) in overridden {
+        if let Some(s) = status.get_mut(&key) {
+            s.warnings.extend(warnings);
+        }
     }
     (out, status)
 }
@@ -474,6 +496,44 @@ mod tests {
         let c = &none.clusters["backend.default.svc.cluster.local:9000"];
         assert_eq!(c.upstream_protocol, UpstreamProtocol::Http2 as i32);
         assert!(status.values().all(|s| s.accepted));
+    }
+
+    #[test]
+    fn an_istio_rule_of_the_same_name_is_kept_apart_and_the_minimesh_one_applies() {
+        let rule = |api: &str, name: &str, policy: &str| {
+            format!("---\napiVersion: {api}\nkind: DestinationRule\nmetadata: {{name: {name}}}\nspec: {{host: backend, trafficPolicy: {{loadBalancer: {{simple: {policy}}}}}}}\n")
+        };
+        // In either order, and even when Istio's sorts first by name.
+        for (istio_name, yaml_first_istio) in [("backend", true), ("a-backend", false)] {
+            let istio = rule("networking.istio.io/v1", istio_name, "RANDOM");
+            let ours = rule("minimesh.io/v1alpha1", "backend", "ROUND_ROBIN");
+            let yaml = if yaml_first_istio {
+                format!("{SERVICE}{istio}{ours}")
+            } else {
+                format!("{SERVICE}{ours}{istio}")
+            };
+            let s = store(&yaml);
+            assert_eq!(s.rules.len(), 2, "two objects, not one");
+            let (out, status) = translate(&s, &BTreeMap::new());
+            let c = &out.clusters["backend.default.svc.cluster.local:80"];
+            assert_eq!(c.policy, LbPolicy::RoundRobin as i32);
+            let key = |kind, name: &str| ObjectKey {
+                kind,
+                namespace: "default".into(),
+                name: name.into(),
+            };
+            let theirs = &status[&key(ISTIO_RULE_KIND, istio_name)];
+            assert_eq!(
+                (theirs.accepted, theirs.reason.as_str()),
+                (false, "Conflict")
+            );
+            let ours = &status[&key("DestinationRule", "backend")];
+            assert!(ours.accepted);
+            assert_eq!(
+                ours.warnings,
+                [format!("Istio's DestinationRule default/{istio_name} (networking.istio.io) also names service backend.default; this rule is applied and that one is ignored")]
+            );
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ fn shipped(file: &str, kind: &str) -> Vec<Value> {
 }
 
 /// Runs the real kubectl against the fake; (success, stdout, stderr).
-async fn kubectl(net: &Net, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+pub async fn kubectl(net: &Net, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     let kubeconfig = net.dir.join("kubeconfig");
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let stdin = stdin.map(str::to_string);
@@ -174,15 +174,15 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
         .collect();
     assert_eq!(
         lines[0],
-        ["NAME", "HOST", "POLICY", "ACCEPTED", "AGE"],
+        ["NAME", "HOST", "POLICY", "ACCEPTED", "WARNINGS", "AGE"],
         "{out}"
     );
     assert_eq!(
-        lines[1][..4],
-        ["backend-dr", "backend", "RANDOM", "True"],
+        lines[1][..5],
+        ["backend-dr", "backend", "RANDOM", "True", "False"],
         "{out}"
     );
-    assert!(lines[1][4].ends_with('s'), "an age in seconds: {out}");
+    assert!(lines[1][5].ends_with('s'), "an age in seconds: {out}");
     let stored = fake
         .get("minimesh.io/v1alpha1", "DestinationRule", NS, "backend-dr")
         .expect("rule");

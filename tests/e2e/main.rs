@@ -18,6 +18,7 @@ mod local_mesh;
 mod nack;
 mod protocol;
 mod rapid_reset;
+mod replicas;
 mod resilience;
 mod upstream_http;
 mod xds_v3;

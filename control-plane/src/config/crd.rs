@@ -25,21 +25,41 @@ pub struct RuleStatusResource {
     // Serialized as null when there is none: a merge patch then removes a stale one.
     #[serde(default)]
     pub policy: Option<String>,
-    /// Conditions; `Accepted` says whether minimesh applies the rule.
+    /// Conditions: `Accepted` says whether minimesh applies the rule,
+    /// `Warnings` what it accepts without effect or overrides.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The last version of the spec minimesh accepted, kept when a newer
+    /// one is invalid: what every control-plane replica keeps in force,
+    /// including one that starts after the invalid version was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good: Option<LastGood>,
+}
+
+/// The last accepted version of a rule's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastGood {
+    /// Its `metadata.generation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The spec as accepted (its schema is the spec's, not repeated here).
+    #[schemars(schema_with = "any_object")]
+    pub spec: super::rule::RuleSpec,
 }
 
 /// A status condition, shaped as Kubernetes' `metav1.Condition`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// Condition type: `Accepted`.
+    /// Condition type: `Accepted` or `Warnings`.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`.
+    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`;
+    /// for `Warnings`, `HasWarnings` or `NoWarnings`.
     pub reason: String,
     /// What is wrong, naming the field and the reason.
     #[serde(default)]
@@ -163,7 +183,15 @@ mod tests {
             .iter()
             .filter_map(|c| c["name"].as_str())
             .collect();
-        assert_eq!(columns, ["Host", "Policy", "Accepted", "Age"]);
+        assert_eq!(
+            columns,
+            ["Host", "Policy", "Accepted", "Warnings", "Message", "Age"]
+        );
+        assert_eq!(crd["spec"]["names"]["categories"][0], "minimesh");
+        let conditions = &version["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(conditions["x-kubernetes-list-map-keys"][0], "type");
         let schema = &version["schema"]["openAPIV3Schema"];
         let mut errors = Vec::new();
         check_structural("", schema, &mut errors);

@@ -42,10 +42,16 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The kind under which Istio's DestinationRules (`networking.istio.io`)
+/// are keyed, apart from minimesh's; it sorts after minimesh's, so that
+/// where both name one host, minimesh's own rule is the one applied.
+pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
+
 /// Identity of an object: kind, namespace, name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
-    /// `DestinationRule`, `Service` or `EndpointSlice`.
+    /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service` or
+    /// `EndpointSlice`.
     pub kind: &'static str,
     /// Namespace (`default` when unset).
     pub namespace: String,
@@ -247,6 +253,12 @@ fn parse_value(
         .unwrap_or(default_ns)
         .to_string();
     let (kind_static, expected): (&'static str, &[&str]) = match kind {
+        // Istio's rules and minimesh's are different objects: a same-named
+        // pair (the migration path: copy Istio's, change its apiVersion)
+        // must not be taken for one.
+        "DestinationRule" if api_version.starts_with("networking.istio.io/") => {
+            (ISTIO_RULE_KIND, &RULE_API_VERSIONS)
+        }
         "DestinationRule" => ("DestinationRule", &RULE_API_VERSIONS),
         "Service" => ("Service", &["v1"]),
         "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
@@ -313,7 +325,7 @@ fn parse_value(
     }
     let raw = value.clone();
     let result = match kind_static {
-        "DestinationRule" => typed::<DestinationRule>(value).and_then(|r| {
+        "DestinationRule" | ISTIO_RULE_KIND => typed::<DestinationRule>(value).and_then(|r| {
             let (resolved, warnings) =
                 rule::validate(&r.spec).map_err(|e| (Some(e.field), e.reason))?;
             Ok(Object::Rule(Arc::new(ValidRule {

@@ -66,6 +66,7 @@ pub struct DestinationRule {
     root = "DestinationRuleResource",
     namespaced,
     shortname = "dr",
+    category = "minimesh",
     status = "super::crd::RuleStatusResource",
     doc = "Load-balancing policy for one service: Istio's DestinationRule spec plus minimesh's extensions.",
     printcolumn(name = "Host", type_ = "string", json_path = ".spec.host"),
@@ -74,6 +75,17 @@ pub struct DestinationRule {
         name = "Accepted",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Warnings",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Warnings\")].status"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.conditions[?(@.type==\"Warnings\")].message"
     ),
     printcolumn(
         name = "Age",

@@ -21,7 +21,7 @@ use kube::Client;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use crate::config::parse::{parse_object, ObjectKey, ValidRule};
+use crate::config::parse::{parse_object, ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::Object;
 use crate::store::{RuleObject, Store};
 
@@ -125,9 +125,11 @@ fn entry_of(
             good: Some(rule),
         },
         (Err(e), "DestinationRule") => {
+            // The good version this replica saw, else the one the leader
+            // recorded in the status: every replica keeps the same one.
             let good = match previous {
-                Some(Entry::Rule { good, .. }) => good.clone(),
-                _ => None,
+                Some(Entry::Rule { good: Some(g), .. }) => Some(g.clone()),
+                _ => recorded_good(resource, obj),
             };
             if good.is_some() {
                 warn!("{e}; the previous good version stays in force");
@@ -150,6 +152,29 @@ fn entry_of(
         }
     };
     Some((key, entry))
+}
+
+/// The last good version of a rule as the leader recorded it in the rule's
+/// `status.lastGood` (minimesh's own rules; Istio's carry no status from
+/// minimesh), read again through the same checks.
+fn recorded_good(resource: &ApiResource, obj: &DynamicObject) -> Option<Arc<ValidRule>> {
+    let recorded = obj.data.get("status")?.get("lastGood")?.get("spec")?;
+    let mut old = serde_json::to_value(obj).ok()?;
+    old["apiVersion"] = resource.api_version.clone().into();
+    old["kind"] = resource.kind.clone().into();
+    old["spec"] = recorded.clone();
+    let doc = parse_object(&origin(resource), old, "default")?;
+    match doc.result {
+        Ok(Object::Rule(rule)) => {
+            info!(
+                rule = %format!("{}/{}", obj.metadata.namespace.as_deref().unwrap_or("default"), obj.metadata.name.as_deref().unwrap_or("")),
+                generation = ?obj.data["status"]["lastGood"]["generation"].as_i64(),
+                "an invalid rule: the last good version recorded in its status stays in force"
+            );
+            Some(rule)
+        }
+        _ => None,
+    }
 }
 
 /// Builds the store from every kind's objects.
@@ -300,6 +325,7 @@ fn apply(
 
 fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
     let kind: &'static str = match resource.kind.as_str() {
+        "DestinationRule" if resource.group == "networking.istio.io" => ISTIO_RULE_KIND,
         "DestinationRule" => "DestinationRule",
         "Service" => "Service",
         "EndpointSlice" => "EndpointSlice",

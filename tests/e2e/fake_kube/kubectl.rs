@@ -148,7 +148,7 @@ pub fn openapi(path: &str, served: impl Fn(usize) -> bool) -> Option<Value> {
 /// A `Table` of `items` of collection `c`: NAME, the CRD's printer columns
 /// for minimesh's rules, AGE for the rest.
 pub fn table(c: usize, items: &[Value], resource_version: u64) -> Value {
-    let columns: Vec<(String, String, String)> = if COLLECTIONS[c].0 == "minimesh.io" {
+    let columns: Vec<(String, String, String, u64)> = if COLLECTIONS[c].0 == "minimesh.io" {
         crd()["spec"]["versions"][0]["additionalPrinterColumns"]
             .as_array()
             .into_iter()
@@ -158,6 +158,7 @@ pub fn table(c: usize, items: &[Value], resource_version: u64) -> Value {
                     col["name"].as_str().unwrap_or("").to_string(),
                     col["type"].as_str().unwrap_or("string").to_string(),
                     col["jsonPath"].as_str().unwrap_or("").to_string(),
+                    col["priority"].as_u64().unwrap_or(0),
                 )
             })
             .collect()
@@ -166,19 +167,20 @@ pub fn table(c: usize, items: &[Value], resource_version: u64) -> Value {
             "Age".into(),
             "date".into(),
             ".metadata.creationTimestamp".into(),
+            0,
         )]
     };
     let mut definitions = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}),
     ];
-    definitions.extend(columns.iter().map(|(name, ty, _)| {
-        json!({"name": name, "type": ty, "format": "", "description": "", "priority": 0})
+    definitions.extend(columns.iter().map(|(name, ty, _, priority)| {
+        json!({"name": name, "type": ty, "format": "", "description": "", "priority": priority})
     }));
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
             let mut cells = vec![o["metadata"]["name"].clone()];
-            cells.extend(columns.iter().map(|(_, ty, path)| {
+            cells.extend(columns.iter().map(|(_, ty, path, _)| {
                 let v = jsonpath(o, path);
                 match (ty.as_str(), v.as_str()) {
                     // As the API server renders a date column: an age.

@@ -14,13 +14,13 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::config::crd::{Condition, RuleStatusResource};
+use crate::config::crd::{Condition, LastGood, RuleStatusResource};
 use crate::config::parse::ObjectKey;
 use crate::store::Store;
 use crate::translate::RuleStatus;
 
 /// What one rule's status should say.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Desired {
     /// The generation it describes.
     pub generation: Option<i64>,
@@ -32,6 +32,12 @@ pub struct Desired {
     pub message: String,
     /// The policy in force (of the last good version).
     pub policy: Option<String>,
+    /// What the `Warnings` condition lists: fields accepted without effect,
+    /// Istio rules this one overrides.
+    pub warnings: Vec<String>,
+    /// The current version when it is valid (kept in the status, for a
+    /// replica that starts after an invalid version was applied).
+    pub last_good: Option<LastGood>,
 }
 
 /// Desired status of every minimesh.io rule, by object.
@@ -50,6 +56,25 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
         }
         let in_force = store.rules.get(key).map(|(r, _)| r);
         let policy = in_force.map(|r| r.resolved.policy.as_str().to_string());
+        // The fields' warnings are the current version's: none when it is
+        // invalid (the version in force is an older one).
+        let mut warnings = match (&seen.error, in_force) {
+            (None, Some(r)) => r.warnings.clone(),
+            _ => vec![],
+        };
+        warnings.extend(
+            verdicts
+                .get(key)
+                .into_iter()
+                .flat_map(|v| v.warnings.clone()),
+        );
+        let last_good = match (&seen.error, in_force) {
+            (None, Some(r)) => Some(LastGood {
+                generation: seen.generation,
+                spec: r.rule.spec.clone(),
+            }),
+            _ => None,
+        };
         let d = if let Some(e) = &seen.error {
             let mut message = match &e.field {
                 Some(f) => format!("{f}: {}", e.reason),
@@ -64,6 +89,8 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
                 reason: "Invalid".into(),
                 message,
                 policy,
+                warnings,
+                last_good,
             }
         } else {
             match verdicts.get(key) {
@@ -79,6 +106,8 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
                         v.message.clone()
                     },
                     policy: if v.accepted { policy } else { None },
+                    warnings,
+                    last_good,
                 },
                 None => Desired {
                     generation: seen.generation,
@@ -86,6 +115,8 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
                     reason: "Accepted".into(),
                     message: "applied".into(),
                     policy,
+                    warnings,
+                    last_good,
                 },
             }
         };
@@ -94,19 +125,48 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
     out
 }
 
-/// The `Accepted` condition stored on rule `name`: its status and when it
-/// last changed; None when it has none or cannot be read (then the
-/// transition is dated now, as before).
-async fn stored_transition(api: &Api<DynamicObject>, name: &str) -> Option<(bool, String)> {
-    let obj = api.get_status(name).await.ok()?;
-    let c = obj.data["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Accepted")?;
-    Some((
-        c["status"] == "True",
-        c["lastTransitionTime"].as_str()?.to_string(),
-    ))
+/// The conditions stored on rule `name`, by type: status and when it last
+/// changed; empty when it has none or cannot be read (then a transition is
+/// dated now).
+async fn stored_transitions(api: &Api<DynamicObject>, name: &str) -> Transitions {
+    let Ok(obj) = api.get_status(name).await else {
+        return Transitions::new();
+    };
+    obj.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some((
+                c["type"].as_str()?.to_string(),
+                (
+                    c["status"] == "True",
+                    c["lastTransitionTime"].as_str()?.to_string(),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Each condition's status and the time it last changed, by type.
+type Transitions = BTreeMap<String, (bool, String)>;
+
+/// The conditions of `d`: (type, status, reason, message).
+fn conditions(d: &Desired) -> [(&'static str, bool, String, String); 2] {
+    [
+        ("Accepted", d.accepted, d.reason.clone(), d.message.clone()),
+        (
+            "Warnings",
+            !d.warnings.is_empty(),
+            if d.warnings.is_empty() {
+                "NoWarnings"
+            } else {
+                "HasWarnings"
+            }
+            .into(),
+            d.warnings.join("; "),
+        ),
+    ]
 }
 
 /// Writes status while `leader` is true.
@@ -120,8 +180,8 @@ pub async fn run(
         .map(|w| w.resource)
         .find(|r| r.api_version == STATUS_API_VERSION)
         .expect("minimesh.io rules are watched");
-    // What was written, with the time the condition last changed.
-    let mut written: BTreeMap<ObjectKey, (Desired, String)> = BTreeMap::new();
+    // What was written, with each condition's last transition.
+    let mut written: BTreeMap<ObjectKey, (Desired, Transitions)> = BTreeMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -139,29 +199,35 @@ pub async fn run(
                 // just been elected) reads what the last leader wrote, so
                 // that a condition whose status did not change keeps the
                 // time it last changed.
-                let stored = match previous {
-                    Some(_) => None,
-                    None => stored_transition(&api, &key.name).await,
+                let before = match previous {
+                    Some((_, t)) => t.clone(),
+                    None => stored_transitions(&api, &key.name).await,
                 };
-                let since = match (previous, stored) {
-                    (Some((p, t)), _) if p.accepted == d.accepted => t.clone(),
-                    (None, Some((accepted, t))) if accepted == d.accepted => t,
-                    _ => Timestamp::now()
-                        .round(Unit::Second)
-                        .unwrap_or_else(|_| Timestamp::now())
-                        .to_string(),
-                };
+                let now = Timestamp::now()
+                    .round(Unit::Second)
+                    .unwrap_or_else(|_| Timestamp::now())
+                    .to_string();
+                let mut transitions = Transitions::new();
+                let conditions = conditions(d).map(|(type_, status, reason, message)| {
+                    let since = match before.get(type_) {
+                        Some((was, t)) if *was == status => t.clone(),
+                        _ => now.clone(),
+                    };
+                    transitions.insert(type_.to_string(), (status, since.clone()));
+                    Condition {
+                        type_: type_.into(),
+                        status: if status { "True" } else { "False" }.into(),
+                        reason,
+                        message,
+                        observed_generation: d.generation,
+                        last_transition_time: since,
+                    }
+                });
                 let status = RuleStatusResource {
                     observed_generation: d.generation,
                     policy: d.policy.clone(),
-                    conditions: vec![Condition {
-                        type_: "Accepted".into(),
-                        status: if d.accepted { "True" } else { "False" }.into(),
-                        reason: d.reason.clone(),
-                        message: d.message.clone(),
-                        observed_generation: d.generation,
-                        last_transition_time: since.clone(),
-                    }],
+                    conditions: conditions.to_vec(),
+                    last_good: d.last_good.clone(),
                 };
                 let patch = json!({ "status": status });
                 match api
@@ -170,7 +236,7 @@ pub async fn run(
                 {
                     Ok(_) => {
                         debug!(rule = %key, accepted = d.accepted, reason = d.reason, "status written");
-                        written.insert(key.clone(), (d.clone(), since));
+                        written.insert(key.clone(), (d.clone(), transitions));
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {} // deleted meanwhile
                     Err(e) => warn!(rule = %key, error = %e, "writing status failed; will retry"),
