@@ -184,6 +184,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await?;
         tokio::spawn(source::kubernetes::status::run(
             client,
+            args.identity.clone(),
             admin.status.subscribe(),
             leader_rx,
         ));

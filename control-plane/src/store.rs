@@ -37,6 +37,8 @@ pub struct RuleObject {
     pub api_version: String,
     /// `metadata.generation` of the version seen.
     pub generation: Option<i64>,
+    /// `metadata.uid` (what its Events refer to).
+    pub uid: Option<String>,
     /// Why this version was rejected, if it was (an older good version may
     /// still be in force).
     pub error: Option<ConfigError>,

@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 7] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 8] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -62,6 +62,7 @@ const COLLECTIONS: [(&str, &str, &str, &str); 7] = [
         "validatingwebhookconfigurations",
         "ValidatingWebhookConfiguration",
     ),
+    ("events.k8s.io", "v1", "events", "Event"),
 ];
 const ISTIO: usize = 4;
 const WEBHOOKS: usize = 6;
@@ -300,6 +301,18 @@ impl FakeKube {
             .objects
             .get(&(c, ns.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// Every stored object of a kind.
+    pub fn list(&self, api_version: &str, kind: &str) -> Vec<Value> {
+        let c = collection_of(api_version, kind);
+        let inner = self.inner.lock().expect("lock");
+        inner
+            .objects
+            .iter()
+            .filter(|((oc, _, _), _)| *oc == c)
+            .map(|(_, o)| o.clone())
+            .collect()
     }
 
     /// Compacts history up to now, as etcd does: every open watch gets an

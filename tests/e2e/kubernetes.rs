@@ -191,6 +191,39 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
         "{message}"
     );
     assert_eq!(st["policy"], "MAGLEV", "the good version is in force");
+    // Each verdict is an Event on the rule, as `kubectl describe` lists them.
+    let events = fake.list("events.k8s.io/v1", "Event");
+    let said: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["regarding"]["name"] == "backend-dr")
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or(""),
+                e["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    // Two versions accepted: one Event, its series counting 2 (as the API's
+    // recorders fold repeats); then the refusal.
+    assert_eq!(
+        said,
+        [("Normal", "Accepted"), ("Warning", "Invalid")],
+        "{events:#?}"
+    );
+    assert_eq!(events[0]["series"]["count"], 2, "{events:#?}");
+    let invalid = events
+        .iter()
+        .find(|e| e["reason"] == "Invalid")
+        .expect("event");
+    assert_eq!(invalid["regarding"]["kind"], "DestinationRule");
+    assert_eq!(invalid["reportingController"], "minimesh-control-plane");
+    assert!(
+        invalid["note"]
+            .as_str()
+            .is_some_and(|n| n
+                .starts_with("spec.trafficPolicy.loadBalancer.consistentHash.maglev.tableSize: ")),
+        "{invalid:#}"
+    );
     let v = get_json(admin, "/debug/config").await;
     assert_eq!(policy_of(&v, "backend"), "MAGLEV");
 

@@ -120,6 +120,7 @@ fn entry_of(
             seen: RuleObject {
                 api_version: resource.api_version.clone(),
                 generation: obj.metadata.generation,
+                uid: obj.metadata.uid.clone(),
                 error: None,
             },
             good: Some(rule),
@@ -141,6 +142,7 @@ fn entry_of(
                 seen: RuleObject {
                     api_version: resource.api_version.clone(),
                     generation: obj.metadata.generation,
+                    uid: obj.metadata.uid.clone(),
                     error: Some(e),
                 },
             }

@@ -1,14 +1,18 @@
-//! Writes each minimesh.io DestinationRule's `status` (the `Accepted`
-//! condition, `observedGeneration`, the policy in force) through the status
-//! subresource. Only the elected replica writes; a write is made only when
-//! what it would say changed, and failed writes are retried.
+//! Writes each minimesh.io DestinationRule's `status` (the `Accepted` and
+//! `Warnings` conditions, `observedGeneration`, the policy in force, the
+//! last good spec) through the status subresource, and an Event on the rule
+//! each time a new version is accepted or refused (or its verdict changes).
+//! Only the elected replica writes; a write is made only when what it would
+//! say changed, and failed writes are retried.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::{Timestamp, Unit};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use serde_json::json;
 use tokio::sync::watch;
@@ -24,6 +28,8 @@ use crate::translate::RuleStatus;
 pub struct Desired {
     /// The generation it describes.
     pub generation: Option<i64>,
+    /// The rule's `metadata.uid`.
+    pub uid: Option<String>,
     /// `Accepted` condition status.
     pub accepted: bool,
     /// One word: `Accepted`, `Invalid`, `Conflict`, `NoService`.
@@ -85,6 +91,7 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
             }
             Desired {
                 generation: seen.generation,
+                uid: seen.uid.clone(),
                 accepted: false,
                 reason: "Invalid".into(),
                 message,
@@ -96,6 +103,7 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
             match verdicts.get(key) {
                 Some(v) => Desired {
                     generation: seen.generation,
+                    uid: seen.uid.clone(),
                     accepted: v.accepted,
                     reason: v.reason.clone(),
                     message: if v.message.is_empty() && !v.clusters.is_empty() {
@@ -111,6 +119,7 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
                 },
                 None => Desired {
                     generation: seen.generation,
+                    uid: seen.uid.clone(),
                     accepted: true,
                     reason: "Accepted".into(),
                     message: "applied".into(),
@@ -128,11 +137,20 @@ pub fn desired(store: &Store, verdicts: &BTreeMap<ObjectKey, RuleStatus>) -> Des
 /// The conditions stored on rule `name`, by type: status and when it last
 /// changed; empty when it has none or cannot be read (then a transition is
 /// dated now).
-async fn stored_transitions(api: &Api<DynamicObject>, name: &str) -> Transitions {
+async fn stored_transitions(api: &Api<DynamicObject>, name: &str) -> (Transitions, Verdict) {
     let Ok(obj) = api.get_status(name).await else {
-        return Transitions::new();
+        return Default::default();
     };
-    obj.data["status"]["conditions"]
+    let status = &obj.data["status"];
+    let accepted = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"));
+    let verdict = Verdict {
+        generation: status["observedGeneration"].as_i64(),
+        accepted: accepted.map(|c| c["status"] == "True"),
+        reason: accepted.and_then(|c| c["reason"].as_str().map(str::to_string)),
+    };
+    let transitions = status["conditions"]
         .as_array()
         .into_iter()
         .flatten()
@@ -145,7 +163,50 @@ async fn stored_transitions(api: &Api<DynamicObject>, name: &str) -> Transitions
                 ),
             ))
         })
-        .collect()
+        .collect();
+    (transitions, verdict)
+}
+
+/// What a written status said of a version: an Event is published when
+/// the next one says something else.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Verdict {
+    generation: Option<i64>,
+    accepted: Option<bool>,
+    reason: Option<String>,
+}
+
+impl Verdict {
+    fn of(d: &Desired) -> Self {
+        Verdict {
+            generation: d.generation,
+            accepted: Some(d.accepted),
+            reason: Some(d.reason.clone()),
+        }
+    }
+}
+
+/// The Event for a rule's new verdict: Normal when accepted, Warning not.
+fn event(d: &Desired) -> Event {
+    let mut note = d.message.clone();
+    if note.len() > 1000 {
+        let mut end = 1000;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+    Event {
+        type_: if d.accepted {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: d.reason.clone(),
+        note: Some(note),
+        action: "Validate".into(),
+        secondary: None,
+    }
 }
 
 /// Each condition's status and the time it last changed, by type.
@@ -172,6 +233,7 @@ fn conditions(d: &Desired) -> [(&'static str, bool, String, String); 2] {
 /// Writes status while `leader` is true.
 pub async fn run(
     client: Client,
+    identity: String,
     mut desired: watch::Receiver<Arc<DesiredStatus>>,
     mut leader: watch::Receiver<bool>,
 ) {
@@ -180,6 +242,13 @@ pub async fn run(
         .map(|w| w.resource)
         .find(|r| r.api_version == STATUS_API_VERSION)
         .expect("minimesh.io rules are watched");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "minimesh-control-plane".into(),
+            instance: Some(identity),
+        },
+    );
     // What was written, with each condition's last transition.
     let mut written: BTreeMap<ObjectKey, (Desired, Transitions)> = BTreeMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
@@ -199,8 +268,8 @@ pub async fn run(
                 // just been elected) reads what the last leader wrote, so
                 // that a condition whose status did not change keeps the
                 // time it last changed.
-                let before = match previous {
-                    Some((_, t)) => t.clone(),
+                let (before, said) = match previous {
+                    Some((p, t)) => (t.clone(), Verdict::of(p)),
                     None => stored_transitions(&api, &key.name).await,
                 };
                 let now = Timestamp::now()
@@ -237,6 +306,19 @@ pub async fn run(
                     Ok(_) => {
                         debug!(rule = %key, accepted = d.accepted, reason = d.reason, "status written");
                         written.insert(key.clone(), (d.clone(), transitions));
+                        if said != Verdict::of(d) {
+                            let reference = ObjectReference {
+                                api_version: Some(STATUS_API_VERSION.into()),
+                                kind: Some("DestinationRule".into()),
+                                name: Some(key.name.clone()),
+                                namespace: Some(key.namespace.clone()),
+                                uid: d.uid.clone(),
+                                ..Default::default()
+                            };
+                            if let Err(e) = recorder.publish(&event(d), &reference).await {
+                                warn!(rule = %key, error = %e, "publishing an Event failed");
+                            }
+                        }
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {} // deleted meanwhile
                     Err(e) => warn!(rule = %key, error = %e, "writing status failed; will retry"),
