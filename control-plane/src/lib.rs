@@ -70,6 +70,12 @@ pub struct Args {
     /// Kubernetes: how often the leader renews and the others check the lease.
     #[arg(long, env = "MINIMESH_LEASE_RETRY", default_value = "2s", value_parser = duration)]
     pub lease_retry: Duration,
+    /// Kubernetes: a leader that has not renewed the lease for this long (its
+    /// requests failing or hanging) stops writing status; shorter than
+    /// --lease-duration, longer than --lease-retry. Default: two thirds of
+    /// --lease-duration (10s).
+    #[arg(long, env = "MINIMESH_LEASE_RENEW_DEADLINE", value_parser = duration)]
+    pub lease_renew_deadline: Option<Duration>,
     /// Files source: directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
@@ -168,7 +174,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             identity: args.identity.clone(),
             duration: args.lease_duration,
             retry: args.lease_retry,
+            renew_deadline: args
+                .lease_renew_deadline
+                .unwrap_or(args.lease_duration * 2 / 3),
         };
+        lease.check().map_err(anyhow::Error::msg)?;
         let campaign = tokio::spawn(source::kubernetes::lease::run(
             client.clone(),
             lease.clone(),

@@ -3,8 +3,11 @@
 //! period; another replica takes the lease only once it has not been renewed
 //! for `leaseDurationSeconds`. Every write carries the resourceVersion it
 //! read, so two replicas racing for an expired lease cannot both win (the
-//! loser gets 409 Conflict). Every replica serves sidecars; only the leader
-//! writes rule status.
+//! loser gets 409 Conflict). A leader that has not renewed within the renew
+//! deadline (shorter than the lease duration) steps down, even while its
+//! request hangs, so that it has stopped writing before another replica may
+//! take the lease. Every replica serves sidecars; only the leader writes
+//! rule status.
 
 use std::time::Duration;
 
@@ -29,6 +32,27 @@ pub struct LeaseConfig {
     pub duration: Duration,
     /// How often the holder renews and the others check.
     pub retry: Duration,
+    /// A leader that has not renewed for this long steps down.
+    pub renew_deadline: Duration,
+}
+
+impl LeaseConfig {
+    /// The order client-go requires: retry < renew deadline < duration.
+    pub fn check(&self) -> Result<(), String> {
+        if self.renew_deadline >= self.duration {
+            return Err(format!(
+                "--lease-renew-deadline ({:?}) must be shorter than --lease-duration ({:?}): a leader must step down before another replica may take the lease",
+                self.renew_deadline, self.duration
+            ));
+        }
+        if self.retry >= self.renew_deadline {
+            return Err(format!(
+                "--lease-retry ({:?}) must be shorter than --lease-renew-deadline ({:?}): the leader needs more than one try to renew",
+                self.retry, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Campaigns forever; `leader` says whether this replica holds the lease.
@@ -36,17 +60,29 @@ pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) 
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renewed: Option<tokio::time::Instant> = None;
     loop {
-        let held = match try_acquire_or_renew(&api, &cfg).await {
-            Ok(held) => {
+        // A leader has until the renew deadline of its last renewal; a
+        // request that hangs past it is given up.
+        let budget = match last_renewed {
+            Some(t) => cfg.renew_deadline.saturating_sub(t.elapsed()),
+            None => cfg.renew_deadline,
+        };
+        let held = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &cfg)).await {
+            Ok(Ok(held)) => {
                 if held {
                     last_renewed = Some(tokio::time::Instant::now());
                 }
                 held
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!(lease = %cfg.name, error = %e, "lease update failed");
-                // Keep leading only while the lease we last renewed holds.
-                last_renewed.is_some_and(|t| t.elapsed() < cfg.duration)
+                // Keep leading only within the renew deadline.
+                last_renewed.is_some_and(|t| t.elapsed() < cfg.renew_deadline)
+            }
+            Err(_) => {
+                if last_renewed.is_some() {
+                    warn!(lease = %cfg.name, deadline = ?cfg.renew_deadline, "lease not renewed within the renew deadline; stepping down");
+                }
+                false
             }
         };
         if !held {
@@ -144,5 +180,87 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<boo
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use http::{Request, Response};
+
+    use super::*;
+
+    fn cfg() -> LeaseConfig {
+        LeaseConfig {
+            namespace: "minimesh-system".into(),
+            name: "minimesh-control-plane".into(),
+            identity: "cp-0".into(),
+            duration: Duration::from_secs(15),
+            retry: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+
+    /// An API server that answers the first `answered` requests (no Lease:
+    /// 404, then the create: 201) and never answers again.
+    fn api_that_hangs_after(answered: usize) -> Client {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n >= answered {
+                    std::future::pending::<()>().await;
+                }
+                let (code, body) = if req.method() == http::Method::GET {
+                    (404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string())
+                } else {
+                    (201, r#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"minimesh-control-plane","namespace":"minimesh-system","resourceVersion":"1"},"spec":{"holderIdentity":"cp-0"}}"#.to_string())
+                };
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                        .expect("response"),
+                )
+            }
+        });
+        Client::new(svc, "default")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_renewal_hangs_steps_down_at_the_renew_deadline() {
+        let (tx, mut rx) = watch::channel(false);
+        let start = tokio::time::Instant::now();
+        tokio::spawn(run(api_that_hangs_after(2), cfg(), tx));
+        rx.wait_for(|l| *l).await.expect("elected");
+        let elected = start.elapsed();
+        assert!(elected < Duration::from_millis(10), "{elected:?}");
+        // The next renewal (at 2 s) hangs: leadership ends 10 s after the
+        // last renewal, well before the 15 s lease could pass to another.
+        rx.wait_for(|l| !*l).await.expect("stepped down");
+        let led = start.elapsed() - elected;
+        assert!(
+            led >= Duration::from_secs(10) && led < Duration::from_millis(10_100),
+            "led for {led:?}"
+        );
+    }
+
+    #[test]
+    fn the_deadline_must_sit_between_the_retry_and_the_duration() {
+        assert_eq!(cfg().check(), Ok(()));
+        let mut c = cfg();
+        c.renew_deadline = Duration::from_secs(15);
+        assert!(c.check().unwrap_err().starts_with(
+            "--lease-renew-deadline (15s) must be shorter than --lease-duration (15s)"
+        ));
+        let mut c = cfg();
+        c.retry = Duration::from_secs(10);
+        assert!(c
+            .check()
+            .unwrap_err()
+            .starts_with("--lease-retry (10s) must be shorter than --lease-renew-deadline (10s)"));
     }
 }
