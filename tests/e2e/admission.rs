@@ -95,6 +95,9 @@ spec:
 async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_reason() {
     let net = Net::new(110);
     let fake = FakeKube::start(net.addr(250, 6443)).await;
+    // Busy, as a real API server can be: kubectl and the control plane
+    // retry a 429 after its Retry-After.
+    fake.throttle_every(9);
     fake.apply(service("backend"));
     fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
     for c in shipped("deploy/base/webhook.yaml", "ValidatingWebhookConfiguration") {
@@ -223,4 +226,5 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
             .unwrap_or_else(|| panic!("no denied count:\n{metrics}"));
     }
     assert_eq!(denied, 2.0);
+    assert!(fake.count("THROTTLED") > 0, "no request was throttled");
 }

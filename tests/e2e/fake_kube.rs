@@ -121,6 +121,10 @@ pub struct FakeKube {
     /// Where each Service ("namespace/name") is reached: the admission
     /// webhook's.
     services: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+    /// Every n-th request is answered 429 (0: none), as API Priority and
+    /// Fairness answers a busy client.
+    throttle: Arc<std::sync::atomic::AtomicUsize>,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
@@ -153,6 +157,8 @@ impl FakeKube {
             addr,
             istio,
             services: Arc::default(),
+            throttle: Arc::default(),
+            requests: Arc::default(),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -236,6 +242,12 @@ impl FakeKube {
             }
         };
         inner.commit(key, event, obj);
+    }
+
+    /// From now on, answers every `n`-th request `429 Too Many Requests`
+    /// with `Retry-After: 1`, as a busy API server does (0: never).
+    pub fn throttle_every(&self, n: usize) {
+        self.throttle.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Routes Service `namespace/name` to `addr`, as its endpoints would.
@@ -373,6 +385,23 @@ impl FakeKube {
     }
 
     async fn handle(&self, req: http::Request<hyper::body::Incoming>) -> Response<Body> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let every = self.throttle.load(Relaxed);
+        if every > 0 && (self.requests.fetch_add(1, Relaxed) + 1) % every == 0 {
+            self.inner.lock().expect("lock").log.push(format!(
+                "THROTTLED {} {}",
+                req.method(),
+                req.uri().path()
+            ));
+            let mut r = status_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            );
+            r.headers_mut()
+                .insert("retry-after", http::HeaderValue::from_static("1"));
+            return r;
+        }
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let query: BTreeMap<String, String> = req

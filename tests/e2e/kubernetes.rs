@@ -114,6 +114,9 @@ fn accepted(status: &Value) -> (&str, &str, &str) {
 async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_written_back() {
     let net = Net::new(91);
     let fake = FakeKube::start_with(net.addr(250, 6443), true).await;
+    // A busy API server: every seventh request is refused with 429 and
+    // Retry-After; everything below still holds.
+    fake.throttle_every(7);
     let _b: Vec<_> = futures_util::future::join_all((1..=3).map(|h| net.backend(h, &[]))).await;
     fake.apply(service("backend"));
     fake.apply(slice(&net, "backend", &[(1, true), (2, true), (3, true)]));
@@ -215,6 +218,7 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
         .iter()
         .find(|e| e["reason"] == "Invalid")
         .expect("event");
+    assert!(fake.count("THROTTLED") > 0, "no request was throttled");
     assert_eq!(invalid["regarding"]["kind"], "DestinationRule");
     assert_eq!(invalid["reportingController"], "minimesh-control-plane");
     assert!(
