@@ -159,6 +159,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut election = None;
     let store_rx = if args.source == "kubernetes" {
         let client = source::kubernetes::client().await?;
+        // The webhooks first: once this replica is ready, the API server
+        // can call them (their CA bundle is set).
+        webhook::start(
+            &args.webhook,
+            Some(client.clone()),
+            &args.lease_namespace,
+            metrics.admission_reviews.clone(),
+        )
+        .await?;
         let (tx, mut rx) = watch::channel(Store::default());
         tokio::spawn(source::kubernetes::run(client.clone(), tx));
         info!("waiting for the first complete list of rules, Services and EndpointSlices");
@@ -185,13 +194,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_tx,
         ));
         election = Some((client.clone(), lease, campaign));
-        webhook::start(
-            &args.webhook,
-            Some(client.clone()),
-            &args.lease_namespace,
-            metrics.admission_reviews.clone(),
-        )
-        .await?;
         tokio::spawn(source::kubernetes::status::run(
             client,
             args.identity.clone(),

@@ -19,15 +19,18 @@ pub struct TypeLabel {
 /// Label set of an admission review's outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabel {
+    /// `validate` (rules) or `inject` (pods).
+    pub webhook: &'static str,
     /// `allowed`, `denied` or `malformed`.
     pub verdict: &'static str,
 }
 
 impl VerdictLabel {
-    /// The label of a review's verdict.
-    pub fn of(v: crate::webhook::review::Verdict) -> Self {
+    /// The label of a review's verdict by `webhook`.
+    pub fn of(webhook: &'static str, v: crate::webhook::review::Verdict) -> Self {
         use crate::webhook::review::Verdict;
         VerdictLabel {
+            webhook,
             verdict: match v {
                 Verdict::Allowed => "allowed",
                 Verdict::Denied => "denied",
@@ -108,15 +111,19 @@ impl Metrics {
         );
         r.register(
             "admission_reviews",
-            "Admission reviews of DestinationRules answered by the webhook, by verdict",
+            "Admission reviews answered, by webhook (validate: rules; inject: pods) and verdict",
             m.admission_reviews.clone(),
         );
-        for v in [
-            crate::webhook::review::Verdict::Allowed,
-            crate::webhook::review::Verdict::Denied,
-            crate::webhook::review::Verdict::Malformed,
-        ] {
-            let _ = m.admission_reviews.get_or_create(&VerdictLabel::of(v));
+        for webhook in ["validate", "inject"] {
+            for v in [
+                crate::webhook::review::Verdict::Allowed,
+                crate::webhook::review::Verdict::Denied,
+                crate::webhook::review::Verdict::Malformed,
+            ] {
+                let _ = m
+                    .admission_reviews
+                    .get_or_create(&VerdictLabel::of(webhook, v));
+            }
         }
         // Every type's counters exist from the start at 0, so that a rate or
         // an increase over them reads 0 rather than no data.

@@ -1,11 +1,13 @@
-//! The validating admission webhook for minimesh.io DestinationRules: the
+//! The admission webhooks. Validating, for minimesh.io DestinationRules: the
 //! API server asks it before storing a rule, and a rule `minimesh apply`
 //! would refuse is refused by `kubectl apply` too, with the field and the
-//! reason (`review.rs`). HTTPS (`server.rs`) with a certificate generated
-//! once per cluster and shared through a Secret, its CA patched into the
-//! `ValidatingWebhookConfiguration` (`certs.rs`); or cert-manager's.
+//! reason (`review.rs`). Mutating, for Pods: sidecar injection
+//! (`inject.rs`). HTTPS (`server.rs`) with a certificate generated once per
+//! cluster and shared through a Secret, its CA patched into the webhook
+//! configurations (`certs.rs`); or cert-manager's.
 
 pub mod certs;
+pub mod inject;
 pub mod review;
 pub mod server;
 
@@ -51,6 +53,24 @@ pub struct WebhookArgs {
     /// (cert-manager's CA injector sets it).
     #[arg(long = "webhook-tls-dir", env = "MINIMESH_WEBHOOK_TLS_DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// Kubernetes: the MutatingWebhookConfiguration (sidecar injection) whose caBundle the control plane keeps set.
+    #[arg(
+        long = "injector-configuration",
+        env = "MINIMESH_INJECTOR_CONFIGURATION",
+        default_value = "minimesh-injector"
+    )]
+    pub injector_configuration: String,
+    /// Sidecar injection: the image of the injected sidecar (the one the control plane runs).
+    #[arg(
+        long = "sidecar-image",
+        env = "MINIMESH_SIDECAR_IMAGE",
+        default_value = "minimesh:dev"
+    )]
+    pub sidecar_image: String,
+    /// Sidecar injection: the discovery address injected sidecars dial.
+    /// Default: http://<--webhook-service>.<namespace>.svc:15010.
+    #[arg(long = "sidecar-xds-addr", env = "MINIMESH_SIDECAR_XDS_ADDR")]
+    pub sidecar_xds_addr: Option<String>,
 }
 
 /// Starts the webhook when `--webhook-addr` is set: binds (so that a taken
@@ -74,13 +94,24 @@ pub async fn start(
         (None, Some(client)) => {
             let names = certs::names(&args.service, namespace);
             let tls = certs::shared(&client, namespace, &args.secret, &names).await?;
+            let mut said_missing = [false, false];
+            certs::ensure_ca_bundle(
+                &client,
+                [&args.configuration, &args.injector_configuration],
+                &args.service,
+                namespace,
+                &tls.ca,
+                &mut said_missing,
+            )
+            .await;
             tokio::spawn(certs::keep_ca_bundle(
                 client,
-                args.configuration.clone(),
+                [args.configuration.clone(), args.injector_configuration.clone()],
                 args.service.clone(),
                 namespace.to_string(),
                 tls.ca.clone(),
                 Duration::from_secs(30),
+                said_missing,
             ));
             tls
         }
@@ -89,6 +120,18 @@ pub async fn start(
         ),
     };
     let config = server::server_config(&tls)?;
-    tokio::spawn(server::serve(listener, config, reviews));
+    let template = inject::Template {
+        image: args.sidecar_image.clone(),
+        xds_addr: args
+            .sidecar_xds_addr
+            .clone()
+            .unwrap_or_else(|| format!("http://{}.{namespace}.svc:15010", args.service)),
+    };
+    tokio::spawn(server::serve(
+        listener,
+        config,
+        std::sync::Arc::new(template),
+        reviews,
+    ));
     Ok(())
 }

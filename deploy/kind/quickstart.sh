@@ -41,7 +41,9 @@ need curl "https://curl.se/download.html"
 
 # The manifests name the image minimesh:dev; a different IMAGE takes its place.
 apply_kustomization() {
-  kubectl kustomize "$1" | sed "s|image: minimesh:dev|image: $IMAGE|" | kubectl apply -f -
+  kubectl kustomize "$1" |
+    sed -e "s|image: minimesh:dev|image: $IMAGE|" -e "s|--sidecar-image=minimesh:dev|--sidecar-image=$IMAGE|" |
+    kubectl apply -f -
 }
 
 step "kind cluster '$CLUSTER' (control-plane node + 2 workers, NodePort 30000 on localhost:30000)"
@@ -80,7 +82,7 @@ done
 step "applying $RULE"
 kubectl apply -n "$NS" -f "$RULE"
 rule_name="$(kubectl apply -n "$NS" -f "$RULE" --dry-run=client -o jsonpath='{.metadata.name}')"
-kubectl -n "$NS" wait --for=jsonpath='{.status.conditions[0].status}'=True \
+kubectl -n "$NS" wait --for=condition=Accepted \
   "destinationrule.minimesh.io/$rule_name" --timeout=60s
 kubectl -n "$NS" get destinationrules.minimesh.io
 

@@ -221,10 +221,147 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
             .expect("metrics");
         denied += metrics
             .lines()
-            .find_map(|l| l.strip_prefix("minimesh_admission_reviews_total{verdict=\"denied\"} "))
+            .find_map(|l| l.strip_prefix("minimesh_admission_reviews_total{webhook=\"validate\",verdict=\"denied\"} "))
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no denied count:\n{metrics}"));
     }
     assert_eq!(denied, 2.0);
     assert!(fake.count("THROTTLED") > 0, "no request was throttled");
+}
+
+const DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: demo
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: minimesh:dev
+        command: [/usr/local/bin/fake-service]
+        env:
+        - {name: LISTEN_ADDR, value: 127.0.0.1:8080}
+";
+
+/// The pods of namespace `demo`, as `kubectl get pods -o json` lists them.
+async fn pods(net: &Net) -> Vec<Value> {
+    let (ok, out, err) = kubectl(net, &["get", "pods", "-n", "demo", "-o", "json"], None).await;
+    assert!(ok, "{out}{err}");
+    let list: Value = serde_json::from_str(&out).expect("JSON");
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
+    let net = Net::new(112);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    for c in shipped("deploy/base/injector.yaml", "MutatingWebhookConfiguration") {
+        fake.apply(c);
+    }
+    fake.route_service(CP_NS, "minimesh-control-plane", net.addr(254, 15017));
+    let webhook = net.addr(254, 15017).to_string();
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &["--webhook-addr", &webhook]).await;
+    let config = fake
+        .get(
+            "admissionregistration.k8s.io/v1",
+            "MutatingWebhookConfiguration",
+            "",
+            "minimesh-injector",
+        )
+        .expect("configuration");
+    for hook in config["webhooks"].as_array().expect("webhooks") {
+        assert!(
+            hook["clientConfig"]["caBundle"].is_string(),
+            "the CA is set before the control plane is ready: {config:#}"
+        );
+    }
+
+    // Not labelled yet: the pod is created as written.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n"),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(DEPLOYMENT)).await;
+    assert!(ok, "{out}{err}");
+    let before = pods(&net).await;
+    assert_eq!(before.len(), 1, "{before:#?}");
+    assert!(
+        before[0]["spec"]["initContainers"].is_null(),
+        "{:#}",
+        before[0]
+    );
+
+    // Labelled: the next rollout's pod has the sidecar.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["label", "namespace", "demo", "minimesh.io/inject=enabled"],
+        None,
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "namespace/demo labeled");
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some(&DEPLOYMENT.replace(
+            "127.0.0.1:8080}",
+            "127.0.0.1:8080}\n        - {name: VERSION, value: \"2\"}",
+        )),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let after = pods(&net).await;
+    assert_eq!(after.len(), 1, "the old pod is replaced: {after:#?}");
+    let pod = &after[0];
+    let sidecar = &pod["spec"]["initContainers"][0];
+    assert_eq!(sidecar["name"], "minimesh-sidecar", "{pod:#}");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["image"], "minimesh:dev");
+    let env = |c: &Value, name: &str| {
+        c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    assert_eq!(
+        env(sidecar, "MINIMESH_XDS_ADDR"),
+        Some("http://minimesh-control-plane.minimesh-system.svc:15010".into())
+    );
+    assert_eq!(
+        env(&pod["spec"]["containers"][0], "HTTP_PROXY"),
+        Some("http://127.0.0.1:15001".into())
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["minimesh.io/injected"],
+        "true"
+    );
+
+    // A pod labelled out is left alone, in the labelled namespace.
+    let opted_out = DEPLOYMENT
+        .replace("name: web\n", "name: db\n")
+        .replace("{app: web}", "{app: db, minimesh.io/inject: disabled}");
+    let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(&opted_out)).await;
+    assert!(ok, "{out}{err}");
+    let db = pods(&net)
+        .await
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["app"] == "db")
+        .expect("db's pod");
+    assert!(db["spec"]["initContainers"].is_null(), "{db:#}");
+
+    // What the real webhook made validates strictly.
+    let file = net.dir.join("injected-pod.json");
+    std::fs::write(&file, serde_json::to_string_pretty(pod).expect("json")).expect("write");
+    let (ok, out) = crate::deploy::validate(&[&file]);
+    assert!(ok, "{out}");
 }

@@ -13,7 +13,7 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn validate(extra: &[&Path]) -> (bool, String) {
+pub fn validate(extra: &[&Path]) -> (bool, String) {
     let mut cmd = Command::new("python3");
     cmd.arg(root().join("deploy/validate.py"));
     if !extra.is_empty() {
@@ -43,6 +43,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
         "ClusterRole /minimesh-control-plane",
         "Role minimesh-system/minimesh-leader-election",
         "ValidatingWebhookConfiguration /minimesh-validator",
+        "MutatingWebhookConfiguration /minimesh-injector",
         "Deployment istioinaction/simple-backend-2",
         "Service istioinaction/ingress-gateway",
         "DestinationRule /simple-backend-dr [CRD schema, unknown fields refused]",
@@ -87,6 +88,31 @@ fn docs(path: &str) -> Vec<Value> {
     serde_saphyr::from_multiple(&text).expect("YAML")
 }
 
+/// The pod a Deployment's template makes, as the injector (the control
+/// plane's own code, as its webhook runs it) changes it in the demo's
+/// namespace, labelled for injection.
+fn injected_pod(deployment: &Value) -> Value {
+    let template = &deployment["spec"]["template"];
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{}-0", deployment["metadata"]["name"].as_str().unwrap_or("")),
+                     "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    });
+    if template["metadata"]["annotations"].is_object() {
+        pod["metadata"]["annotations"] = template["metadata"]["annotations"].clone();
+    }
+    let t = minimesh_control_plane::webhook::inject::Template {
+        image: "minimesh:dev".into(),
+        xds_addr: "http://minimesh-control-plane.minimesh-system.svc:15010".into(),
+    };
+    if let Some(ops) = minimesh_control_plane::webhook::inject::patch(&pod, &t).expect("injectable")
+    {
+        crate::fake_kube::wire::json_patch(&mut pod, &ops).expect("the patch applies");
+    }
+    pod
+}
+
 fn env_of<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
     container["env"]
         .as_array()?
@@ -129,37 +155,74 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
             ("simple-backend-2".to_string(), 2)
         ]
     );
+    // The namespace asks for injection; no app names its sidecar.
+    let ns = docs("deploy/examples/demo/namespace.yaml");
+    assert_eq!(ns[0]["metadata"]["labels"]["minimesh.io/inject"], "enabled");
     for d in apps.iter().filter(|d| d["kind"] == "Deployment") {
-        let containers = d["spec"]["template"]["spec"]["containers"]
-            .as_array()
-            .expect("containers");
-        let sidecar = containers
-            .iter()
-            .find(|c| c["name"] == "minimesh-sidecar")
-            .unwrap_or_else(|| panic!("{} has no sidecar", d["metadata"]["name"]));
+        let name = &d["metadata"]["name"];
+        let written = serde_json::to_string(d).expect("json");
+        assert!(
+            !written.contains("minimesh-sidecar"),
+            "{name} writes its sidecar by hand"
+        );
+        let pod = injected_pod(d);
+        let spec = &pod["spec"];
+        let sidecar = &spec["initContainers"][0];
+        assert_eq!(sidecar["name"], "minimesh-sidecar", "{name}: {pod:#}");
+        assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
         assert_eq!(
             env_of(sidecar, "POD_NAME").expect("POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
             "metadata.name"
         );
-        let app = containers
-            .iter()
-            .find(|c| c["name"] != "minimesh-sidecar")
-            .expect("app");
-        // The app listens where the sidecar's inbound listener forwards.
+        let app = &spec["containers"][0];
+        // The app listens where the sidecar's inbound listener forwards,
+        // and calls out through the sidecar.
         assert_eq!(
             env_of(app, "LISTEN_ADDR").expect("LISTEN_ADDR")["value"],
             env_of(sidecar, "MINIMESH_APP_ADDR").expect("MINIMESH_APP_ADDR")["value"]
         );
+        assert_eq!(
+            env_of(app, "HTTP_PROXY").expect("HTTP_PROXY")["value"],
+            "http://127.0.0.1:15001"
+        );
+        // Its Service sends to the sidecar's inbound port.
+        let app_label = &d["spec"]["template"]["metadata"]["labels"]["app"];
+        let svc = apps
+            .iter()
+            .find(|s| s["kind"] == "Service" && s["spec"]["selector"]["app"] == *app_label)
+            .expect("its Service");
+        assert_eq!(
+            svc["spec"]["ports"][0]["targetPort"], sidecar["ports"][0]["containerPort"],
+            "{name}"
+        );
     }
+    // The gateway is a proxy itself and opts out.
+    let gateway = docs("deploy/examples/demo/ingress-gateway.yaml");
+    let gw = gateway
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("gateway");
+    assert_eq!(
+        gw["spec"]["template"]["metadata"]["labels"]["minimesh.io/inject"],
+        "disabled"
+    );
+    assert!(injected_pod(gw)["spec"]["initContainers"].is_null());
+
+    // The injected pod validates strictly against the Kubernetes schemas.
+    let dir = std::env::temp_dir().join(format!("minimesh-injected-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("injected-pod.yaml");
     let web = apps
         .iter()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "simple-web")
         .expect("simple-web");
-    let app = &web["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(
-        env_of(app, "HTTP_PROXY").expect("HTTP_PROXY")["value"],
-        "http://127.0.0.1:15001"
-    );
+    let mut pod = injected_pod(web);
+    pod["metadata"]["namespace"] = "istioinaction".into();
+    std::fs::write(&file, serde_json::to_string_pretty(&pod).expect("json")).expect("write");
+    let (ok, out) = validate(&[&file]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{out}");
+    assert!(out.contains("Pod istioinaction/simple-web-0"), "{out}");
 
     let ingress = docs("deploy/examples/demo/ingress-gateway.yaml");
     let svc = ingress
@@ -332,7 +395,14 @@ fn every_pod_is_annotated_for_scraping_on_a_port_it_serves() {
         "deploy/examples/demo/ingress-gateway.yaml",
     ] {
         for d in docs(path).iter().filter(|d| d["kind"] == "Deployment") {
-            let template = &d["spec"]["template"];
+            // The pod as created: the demo's apps get their sidecar (and
+            // its scrape annotations) by injection.
+            let pod = if path.contains("demo") {
+                injected_pod(d)
+            } else {
+                d["spec"]["template"].clone()
+            };
+            let template = &pod;
             let a = &template["metadata"]["annotations"];
             let name = &d["metadata"]["name"];
             assert_eq!(a["prometheus.io/scrape"], "true", "{path} {name}");
@@ -341,10 +411,9 @@ fn every_pod_is_annotated_for_scraping_on_a_port_it_serves() {
                 .as_str()
                 .and_then(|p| p.parse().ok())
                 .unwrap_or_else(|| panic!("{path} {name}: prometheus.io/port"));
-            let served = template["spec"]["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let served = ["containers", "initContainers"]
+                .iter()
+                .flat_map(|k| template["spec"][*k].as_array().into_iter().flatten())
                 .flat_map(|c| c["ports"].as_array().into_iter().flatten())
                 .any(|p| p["containerPort"] == port);
             assert!(served, "{path} {name}: no container listens on {port}");

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 mod admission;
 mod kubectl;
-mod wire;
+pub mod wire;
 
 use wire::*;
 
@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 8] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 12] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -63,13 +63,26 @@ const COLLECTIONS: [(&str, &str, &str, &str); 8] = [
         "ValidatingWebhookConfiguration",
     ),
     ("events.k8s.io", "v1", "events", "Event"),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+    ),
+    ("", "v1", "namespaces", "Namespace"),
+    ("", "v1", "pods", "Pod"),
+    ("apps", "v1", "deployments", "Deployment"),
 ];
 const ISTIO: usize = 4;
 const WEBHOOKS: usize = 6;
+const MUTATING_WEBHOOKS: usize = 8;
+const NAMESPACES: usize = 9;
+const PODS: usize = 10;
+const DEPLOYMENTS: usize = 11;
 
 /// Whether a collection's objects live outside namespaces.
 fn cluster_scoped(c: usize) -> bool {
-    c == WEBHOOKS
+    [WEBHOOKS, MUTATING_WEBHOOKS, NAMESPACES].contains(&c)
 }
 
 /// An open watch: what it selects, where its event lines go.
@@ -258,41 +271,133 @@ impl FakeKube {
             .insert(format!("{namespace}/{name}"), addr);
     }
 
-    /// Runs admission for a create or an update of collection `c`.
+    /// Runs admission for a create or an update of collection `c`: the
+    /// mutating webhooks may change `object`.
     async fn admit(
         &self,
         c: usize,
         operation: &str,
-        object: &Value,
+        object: &mut Value,
         old_object: Option<&Value>,
     ) -> Result<Vec<String>, admission::Refused> {
-        let (configurations, services) = {
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let (mutating, validating, services, namespace_labels) = {
             let inner = self.inner.lock().expect("lock");
-            let configurations: Vec<Value> = inner
+            let of = |kind: usize| -> Vec<Value> {
+                inner
+                    .objects
+                    .iter()
+                    .filter(|((oc, _, _), _)| *oc == kind)
+                    .map(|(_, o)| o.clone())
+                    .collect()
+            };
+            // A namespace's labels, with the one the API server sets on all.
+            let mut labels = inner
                 .objects
-                .iter()
-                .filter(|((oc, _, _), _)| *oc == WEBHOOKS)
-                .map(|(_, o)| o.clone())
-                .collect();
-            (configurations, self.services.lock().expect("lock").clone())
+                .get(&(NAMESPACES, String::new(), namespace.clone()))
+                .map(|n| n["metadata"]["labels"].clone())
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            labels["kubernetes.io/metadata.name"] = namespace.clone().into();
+            (
+                of(MUTATING_WEBHOOKS),
+                of(WEBHOOKS),
+                self.services.lock().expect("lock").clone(),
+                labels,
+            )
         };
         let (group, version, resource, kind) = COLLECTIONS[c];
-        admission::validate(
-            &configurations,
+        let attempt = admission::Attempt {
+            group,
+            version,
+            resource,
+            kind,
+            namespace: &namespace,
+            name: &name,
+            operation,
+            old_object,
+        };
+        admission::admit(
+            &mutating,
+            &validating,
             &services,
-            &admission::Attempt {
-                group,
-                version,
-                resource,
-                kind,
-                namespace: object["metadata"]["namespace"].as_str().unwrap_or(""),
-                name: object["metadata"]["name"].as_str().unwrap_or(""),
-                operation,
-                object,
-                old_object,
-            },
+            &namespace_labels,
+            &attempt,
+            object,
         )
         .await
+    }
+
+    /// What the Deployment and ReplicaSet controllers do, in one step: the
+    /// pods of `deployment` (those of an older template deleted) created
+    /// through admission, as the controller's requests are. A pod refused
+    /// is logged ("FAILEDCREATE pod: reason"), as the controller's Event.
+    async fn roll_out(&self, deployment: &Value) {
+        let ns = deployment["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let name = deployment["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let revision = deployment["metadata"]["generation"].as_i64().unwrap_or(1);
+        {
+            let mut inner = self.inner.lock().expect("lock");
+            let old: Vec<(usize, String, String)> = inner
+                .objects
+                .iter()
+                .filter(|((c, ons, _), o)| {
+                    *c == PODS
+                        && *ons == ns
+                        && o["metadata"]["ownerReferences"][0]["name"] == name.as_str()
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in old {
+                if let Some(obj) = inner.objects.get(&key).cloned() {
+                    inner.commit(key, "DELETED", obj);
+                }
+            }
+        }
+        let template = &deployment["spec"]["template"];
+        for i in 0..deployment["spec"]["replicas"].as_u64().unwrap_or(1) {
+            let pod_name = format!("{name}-{revision:x}f5c9d-{i}x7k");
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": pod_name, "namespace": ns,
+                    "labels": template["metadata"]["labels"],
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": deployment["metadata"]["uid"], "controller": true}],
+                },
+                "spec": template["spec"],
+            });
+            if let Some(a) = template["metadata"]["annotations"].as_object() {
+                pod["metadata"]["annotations"] = Value::Object(a.clone());
+            }
+            match self.admit(PODS, "CREATE", &mut pod, None).await {
+                Ok(_) => {
+                    let mut inner = self.inner.lock().expect("lock");
+                    pod["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
+                    pod["metadata"]["creationTimestamp"] = now().into();
+                    inner.commit((PODS, ns.clone(), pod_name), "ADDED", pod);
+                }
+                Err(r) => {
+                    let mut inner = self.inner.lock().expect("lock");
+                    inner.log.push(format!(
+                        "FAILEDCREATE {pod_name}: {}",
+                        r.status["message"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+        }
     }
 
     /// Deletes an object.
@@ -412,6 +517,11 @@ impl FakeKube {
             .filter_map(|kv| kv.split_once('='))
             .map(|(k, v)| (k.to_string(), percent_decode(v)))
             .collect();
+        // kubectl patches built-in kinds with a strategic merge patch.
+        let strategic = req.headers().get("content-type").is_some_and(|t| {
+            t.as_bytes()
+                .starts_with(b"application/strategic-merge-patch")
+        });
         // `kubectl get` asks for a Table.
         let table = req
             .headers()
@@ -532,29 +642,37 @@ impl FakeKube {
                 if !ns.is_empty() {
                     obj["metadata"]["namespace"] = ns.clone().into();
                 }
-                let warnings = match self.admit(c, "CREATE", &obj, None).await {
+                let warnings = match self.admit(c, "CREATE", &mut obj, None).await {
                     Ok(w) => w,
                     Err(r) => return refused(r),
                 };
-                let mut inner = self.inner.lock().expect("lock");
-                inner.log.push(format!("CREATE {plural} {name}"));
-                let key = (c, ns, name.clone());
-                if inner.objects.contains_key(&key) {
+                let stored = {
+                    let mut inner = self.inner.lock().expect("lock");
+                    inner.log.push(format!("CREATE {plural} {name}"));
+                    let key = (c, ns, name.clone());
+                    if inner.objects.contains_key(&key) {
+                        None
+                    } else {
+                        obj["metadata"]["generation"] = 1.into();
+                        obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
+                        obj["metadata"]["creationTimestamp"] = now().into();
+                        Some(inner.commit(key, "ADDED", obj))
+                    }
+                };
+                let Some(obj) = stored else {
                     return status_response(
                         StatusCode::CONFLICT,
                         "AlreadyExists",
                         &format!("{plural} \"{name}\" already exists"),
                     );
+                };
+                if c == DEPLOYMENTS {
+                    self.roll_out(&obj).await;
                 }
-                obj["metadata"]["generation"] = 1.into();
-                obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
-                obj["metadata"]["creationTimestamp"] = now().into();
-                let obj = inner.commit(key, "ADDED", obj);
                 with_warnings(json_response(StatusCode::CREATED, &obj), &warnings)
             }
             // Replace (optimistic concurrency on resourceVersion) and patch
-            // (JSON merge patch; a strategic merge patch is taken as one,
-            // which it is for every field the tests patch).
+            // (JSON merge patch, or strategic merge patch).
             (method @ (Method::PUT | Method::PATCH), Some(name), None) => {
                 let Ok(body) = serde_json::from_slice::<Value>(&body) else {
                     return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
@@ -583,7 +701,11 @@ impl FakeKube {
                     body
                 } else {
                     let mut o = current.clone();
-                    merge(&mut o, &body);
+                    if strategic {
+                        strategic_merge(&mut o, &body);
+                    } else {
+                        merge(&mut o, &body);
+                    }
                     o
                 };
                 // The status is the status subresource's to change.
@@ -598,29 +720,39 @@ impl FakeKube {
                 let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
                 let changed = current.get("spec") != obj.get("spec");
                 obj["metadata"]["generation"] = (generation + i64::from(changed)).into();
-                let warnings = match self.admit(c, "UPDATE", &obj, Some(&current)).await {
+                let warnings = match self.admit(c, "UPDATE", &mut obj, Some(&current)).await {
                     Ok(w) => w,
                     Err(r) => return refused(r),
                 };
-                let mut inner = self.inner.lock().expect("lock");
-                inner.log.push(format!(
-                    "{} {plural} {name}",
-                    if method == Method::PUT {
-                        "REPLACE"
+                let template_changed = obj["spec"] != current["spec"];
+                let stored = {
+                    let mut inner = self.inner.lock().expect("lock");
+                    inner.log.push(format!(
+                        "{} {plural} {name}",
+                        if method == Method::PUT {
+                            "REPLACE"
+                        } else {
+                            "PATCH"
+                        }
+                    ));
+                    // Changed by someone else while the webhooks ran.
+                    if inner
+                        .objects
+                        .get(&key)
+                        .map(|o| &o["metadata"]["resourceVersion"])
+                        != Some(&current["metadata"]["resourceVersion"])
+                    {
+                        None
                     } else {
-                        "PATCH"
+                        Some(inner.commit(key, "MODIFIED", obj))
                     }
-                ));
-                // Changed by someone else while the webhooks ran.
-                if inner
-                    .objects
-                    .get(&key)
-                    .map(|o| &o["metadata"]["resourceVersion"])
-                    != Some(&current["metadata"]["resourceVersion"])
-                {
+                };
+                let Some(obj) = stored else {
                     return conflict();
+                };
+                if c == DEPLOYMENTS && template_changed {
+                    self.roll_out(&obj).await;
                 }
-                let obj = inner.commit(key, "MODIFIED", obj);
                 with_warnings(json_response(StatusCode::OK, &obj), &warnings)
             }
             (Method::PATCH, Some(name), Some("status")) => {

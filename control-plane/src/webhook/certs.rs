@@ -9,7 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -164,31 +166,62 @@ pub async fn shared(
     }
 }
 
+/// A webhook configuration kind: validating or mutating.
+pub trait Hooks:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + serde::Serialize
+{
+    /// The client config of each of its webhooks.
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig>;
+}
+
+impl Hooks for ValidatingWebhookConfiguration {
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig> {
+        self.webhooks
+            .iter_mut()
+            .flatten()
+            .map(|h| &mut h.client_config)
+            .collect()
+    }
+}
+
+impl Hooks for MutatingWebhookConfiguration {
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig> {
+        self.webhooks
+            .iter_mut()
+            .flatten()
+            .map(|h| &mut h.client_config)
+            .collect()
+    }
+}
+
 /// Sets `caBundle` on every webhook of the configuration `name` that calls
 /// `service` in `namespace`. Ok(false) when the configuration does not exist.
-pub async fn patch_ca_bundle(
+pub async fn patch_ca_bundle<K: Hooks>(
     client: &Client,
     name: &str,
     service: &str,
     namespace: &str,
     ca: &str,
 ) -> anyhow::Result<bool> {
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let api: Api<K> = Api::all(client.clone());
     // Read, change, replace at the version read; on a conflict read again.
     for _ in 0..5 {
         let Some(mut config) = api.get_opt(name).await? else {
             return Ok(false);
         };
         let mut changed = false;
-        for hook in config.webhooks.iter_mut().flatten() {
+        let bundle = Some(ByteString(ca.as_bytes().to_vec()));
+        for hook in config.client_configs() {
             let ours = hook
-                .client_config
                 .service
                 .as_ref()
                 .is_some_and(|s| s.name == service && s.namespace == namespace);
-            let bundle = Some(ByteString(ca.as_bytes().to_vec()));
-            if ours && hook.client_config.ca_bundle != bundle {
-                hook.client_config.ca_bundle = bundle;
+            if ours && hook.ca_bundle != bundle {
+                hook.ca_bundle = bundle.clone();
                 changed = true;
             }
         }
@@ -207,30 +240,76 @@ pub async fn patch_ca_bundle(
     Err(anyhow!("kept conflicting with other writers"))
 }
 
-/// Keeps the CA bundle set: now, and every `every` after (a configuration
-/// applied later, or re-applied without it, gets it back).
+/// Keeps the CA bundle set on the validating configuration `validating`
+/// and the mutating one `mutating`: every `every` (a configuration applied
+/// later, or re-applied without it, gets it back). `said_missing` carries
+/// over from the first pass, made before the control plane serves.
 pub async fn keep_ca_bundle(
     client: Client,
-    name: String,
+    [validating, mutating]: [String; 2],
     service: String,
     namespace: String,
     ca: String,
     every: Duration,
+    mut said_missing: [bool; 2],
 ) {
-    let mut said_missing = false;
     loop {
-        match patch_ca_bundle(&client, &name, &service, &namespace, &ca).await {
-            Ok(true) => said_missing = false,
-            Ok(false) if !said_missing => {
-                said_missing = true;
-                warn!(configuration = %name, "ValidatingWebhookConfiguration not found: rules are not validated at admission until it is applied");
+        tokio::time::sleep(every).await;
+        ensure_ca_bundle(
+            &client,
+            [&validating, &mutating],
+            &service,
+            &namespace,
+            &ca,
+            &mut said_missing,
+        )
+        .await;
+    }
+}
+
+/// One pass: sets the bundle on both configurations, saying once (per
+/// absence) that one is missing.
+pub async fn ensure_ca_bundle(
+    client: &Client,
+    [validating, mutating]: [&String; 2],
+    service: &str,
+    namespace: &str,
+    ca: &str,
+    said_missing: &mut [bool; 2],
+) {
+    let results = [
+        patch_ca_bundle::<ValidatingWebhookConfiguration>(
+            client, validating, service, namespace, ca,
+        )
+        .await,
+        patch_ca_bundle::<MutatingWebhookConfiguration>(client, mutating, service, namespace, ca)
+            .await,
+    ];
+    let what = [
+        (
+            "ValidatingWebhookConfiguration",
+            validating,
+            "rules are not validated at admission",
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            mutating,
+            "no sidecar is injected",
+        ),
+    ];
+    for (i, result) in results.into_iter().enumerate() {
+        let (kind, name, effect) = what[i];
+        match result {
+            Ok(true) => said_missing[i] = false,
+            Ok(false) if !said_missing[i] => {
+                said_missing[i] = true;
+                warn!(configuration = %name, "{kind} not found: {effect} until it is applied");
             }
             Ok(false) => {}
             Err(e) => {
                 warn!(configuration = %name, error = %format!("{e:#}"), "setting the webhook CA bundle failed; will retry")
             }
         }
-        tokio::time::sleep(every).await;
     }
 }
 

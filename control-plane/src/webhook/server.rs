@@ -1,6 +1,7 @@
-//! The webhook's HTTPS server: `POST /validate` takes an AdmissionReview
-//! (at most 4 MiB: the API server's objects are at most 1.5 MiB), anything
-//! else is 404. HTTP/1.1 and HTTP/2 (the API server speaks either).
+//! The webhooks' HTTPS server: `POST /validate` (rules) and `POST /inject`
+//! (pods) take an AdmissionReview (at most 4 MiB: the API server's objects
+//! are at most 1.5 MiB), anything else is 404. HTTP/1.1 and HTTP/2 (the API
+//! server speaks either).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::certs::Tls;
+use super::inject::{self, Template};
 use super::review::{review, Verdict};
 use crate::metrics::VerdictLabel;
 
@@ -51,6 +53,7 @@ pub fn server_config(tls: &Tls) -> anyhow::Result<rustls::ServerConfig> {
 pub async fn serve(
     listener: TcpListener,
     config: rustls::ServerConfig,
+    template: Arc<Template>,
     reviews: Family<VerdictLabel, Counter>,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(config));
@@ -66,6 +69,7 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let reviews = reviews.clone();
+        let template = template.clone();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
@@ -74,7 +78,8 @@ pub async fn serve(
             };
             let svc = service_fn(move |req| {
                 let reviews = reviews.clone();
-                async move { Ok::<_, Infallible>(handle(req, &reviews).await) }
+                let template = template.clone();
+                async move { Ok::<_, Infallible>(handle(req, &template, &reviews).await) }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
@@ -85,11 +90,19 @@ pub async fn serve(
 
 async fn handle(
     req: Request<Incoming>,
+    template: &Template,
     reviews: &Family<VerdictLabel, Counter>,
 ) -> Response<Full<Bytes>> {
-    if req.method() != Method::POST || req.uri().path() != "/validate" {
-        return text(StatusCode::NOT_FOUND, "the webhook serves POST /validate\n");
-    }
+    let webhook = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/validate") => "validate",
+        (&Method::POST, "/inject") => "inject",
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "the webhooks serve POST /validate and POST /inject\n",
+            )
+        }
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -99,22 +112,29 @@ async fn handle(
             )
         }
     };
-    let (verdict, response) = match review(&body) {
+    let answer = match webhook {
+        "validate" => review(&body),
+        _ => inject::review(&body, template),
+    };
+    let (verdict, response) = match answer {
         Ok(r) => r,
         Err(reason) => {
             reviews
-                .get_or_create(&VerdictLabel::of(Verdict::Malformed))
+                .get_or_create(&VerdictLabel::of(webhook, Verdict::Malformed))
                 .inc();
             return text(StatusCode::BAD_REQUEST, &format!("{reason}\n"));
         }
     };
-    reviews.get_or_create(&VerdictLabel::of(verdict)).inc();
+    reviews
+        .get_or_create(&VerdictLabel::of(webhook, verdict))
+        .inc();
     if verdict == Verdict::Denied {
         info!(
+            webhook,
             reason = response["response"]["status"]["message"]
                 .as_str()
                 .unwrap_or(""),
-            "admission refused a rule"
+            "admission refused an object"
         );
     }
     Response::builder()

@@ -1,10 +1,13 @@
 //! Admission as the API server runs it: before a create or an update is
-//! stored, every ValidatingWebhookConfiguration whose rules match is called
-//! over HTTPS at its Service (resolved to the address the test routes the
-//! Service to, as the API server resolves it to a ready endpoint), trusting
-//! only the configuration's `caBundle`, with the name `svc.ns.svc`. A denial
-//! or a failed call (under `failurePolicy: Fail`) is answered as the API
-//! server answers it; warnings come back as `Warning` headers.
+//! stored, every MutatingWebhookConfiguration's matching webhooks are called
+//! and their JSON patches applied, then every ValidatingWebhookConfiguration's.
+//! A webhook matches by its rules, its `namespaceSelector` (on the labels of
+//! the object's Namespace) and its `objectSelector`. It is called over HTTPS
+//! at its Service (resolved to the address the test routes the Service to,
+//! as the API server resolves it to a ready endpoint), trusting only the
+//! configuration's `caBundle`, with the name `svc.ns.svc`. A denial or a
+//! failed call (under `failurePolicy: Fail`) is answered as the API server
+//! answers it; warnings come back as `Warning` headers.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,7 +32,6 @@ pub struct Attempt<'a> {
     pub name: &'a str,
     /// `CREATE` or `UPDATE`.
     pub operation: &'a str,
-    pub object: &'a Value,
     pub old_object: Option<&'a Value>,
 }
 
@@ -39,46 +41,54 @@ pub struct Refused {
     pub status: Value,
 }
 
-/// Runs every matching webhook of `configurations`; Ok(warnings) to go on.
-pub async fn validate(
-    configurations: &[Value],
+/// Runs the matching mutating webhooks (patching `object`), then the
+/// validating ones; Ok(warnings) to go on.
+pub async fn admit(
+    mutating: &[Value],
+    validating: &[Value],
     services: &BTreeMap<String, SocketAddr>,
+    namespace_labels: &Value,
     a: &Attempt<'_>,
+    object: &mut Value,
 ) -> Result<Vec<String>, Refused> {
     let mut warnings = Vec::new();
-    for config in configurations {
-        for hook in config["webhooks"].as_array().into_iter().flatten() {
-            if !matches(hook, a) {
-                continue;
-            }
-            let name = hook["name"].as_str().unwrap_or("");
-            match call(hook, services, a).await {
-                Ok(response) => {
-                    warnings.extend(
-                        response["warnings"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(|w| w.as_str().map(str::to_string)),
-                    );
-                    if response["allowed"] != true {
-                        return Err(denied(name, &response["status"]));
+    for (configurations, mutate) in [(mutating, true), (validating, false)] {
+        for config in configurations {
+            for hook in config["webhooks"].as_array().into_iter().flatten() {
+                if !matches(hook, a, namespace_labels, object) {
+                    continue;
+                }
+                let name = hook["name"].as_str().unwrap_or("");
+                match call(hook, services, a, object).await {
+                    Ok(response) => {
+                        warnings.extend(
+                            response["warnings"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|w| w.as_str().map(str::to_string)),
+                        );
+                        if response["allowed"] != true {
+                            return Err(denied(name, &response["status"]));
+                        }
+                        if let (true, Some(patch)) = (mutate, response["patch"].as_str()) {
+                            let ops: Vec<Value> = base64::engine::general_purpose::STANDARD
+                                .decode(patch)
+                                .ok()
+                                .and_then(|p| serde_json::from_slice(&p).ok())
+                                .unwrap_or_default();
+                            if let Err(e) = super::wire::json_patch(object, &ops) {
+                                return Err(internal(
+                                    name,
+                                    &format!("the webhook's patch does not apply: {e}"),
+                                ));
+                            }
+                        }
                     }
-                }
-                Err(e) if hook["failurePolicy"] == "Ignore" => {
-                    eprintln!("fake API: webhook {name} failed, ignored: {e}");
-                }
-                Err(e) => {
-                    let message =
-                        format!("Internal error occurred: failed calling webhook \"{name}\": {e}");
-                    return Err(Refused {
-                        code: 500,
-                        status: json!({
-                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                            "message": message, "reason": "InternalError",
-                            "details": {"causes": [{"message": message}]}, "code": 500
-                        }),
-                    });
+                    Err(e) if hook["failurePolicy"] == "Ignore" => {
+                        eprintln!("fake API: webhook {name} failed, ignored: {e}");
+                    }
+                    Err(e) => return Err(internal(name, &e)),
                 }
             }
         }
@@ -86,18 +96,60 @@ pub async fn validate(
     Ok(warnings)
 }
 
+fn internal(name: &str, e: &str) -> Refused {
+    let message = format!("Internal error occurred: failed calling webhook \"{name}\": {e}");
+    Refused {
+        code: 500,
+        status: json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": "InternalError",
+            "details": {"causes": [{"message": message}]}, "code": 500
+        }),
+    }
+}
+
+/// A `metav1.LabelSelector` on `labels` (absent: everything).
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let label = |k: &str| labels[k].as_str();
+    let by_label = selector["matchLabels"]
+        .as_object()
+        .is_none_or(|m| m.iter().all(|(k, v)| label(k) == v.as_str()));
+    let by_expression = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let key = e["key"].as_str().unwrap_or("");
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            match e["operator"].as_str() {
+                Some("In") => label(key).is_some_and(|v| values.contains(&v)),
+                Some("NotIn") => label(key).is_none_or(|v| !values.contains(&v)),
+                Some("Exists") => label(key).is_some(),
+                Some("DoesNotExist") => label(key).is_none(),
+                _ => false,
+            }
+        });
+    by_label && by_expression
+}
+
 fn one_of(list: &Value, value: &str) -> bool {
     list.as_array()
         .is_some_and(|l| l.iter().any(|v| v == "*" || v == value))
 }
 
-fn matches(hook: &Value, a: &Attempt<'_>) -> bool {
+fn matches(hook: &Value, a: &Attempt<'_>, namespace_labels: &Value, object: &Value) -> bool {
     hook["rules"].as_array().into_iter().flatten().any(|r| {
         one_of(&r["apiGroups"], a.group)
             && one_of(&r["apiVersions"], a.version)
             && one_of(&r["resources"], a.resource)
             && one_of(&r["operations"], a.operation)
-    })
+    }) && selects(&hook["namespaceSelector"], namespace_labels)
+        && selects(&hook["objectSelector"], &object["metadata"]["labels"])
 }
 
 /// The API server's Status for a webhook's denial: its code (at least 400;
@@ -131,6 +183,7 @@ async fn call(
     hook: &Value,
     services: &BTreeMap<String, SocketAddr>,
     a: &Attempt<'_>,
+    object: &Value,
 ) -> Result<Value, String> {
     let svc = &hook["clientConfig"]["service"];
     let (ns, name) = (
@@ -170,7 +223,7 @@ async fn call(
             "requestResource": {"group": a.group, "version": a.version, "resource": a.resource},
             "name": a.name, "namespace": a.namespace, "operation": a.operation,
             "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
-            "object": a.object, "oldObject": a.old_object, "dryRun": false,
+            "object": object, "oldObject": a.old_object, "dryRun": false,
             "options": {"kind": if a.operation == "CREATE" { "CreateOptions" } else { "UpdateOptions" }, "apiVersion": "meta.k8s.io/v1"}
         }
     });

@@ -113,6 +113,75 @@ pub fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// A strategic merge patch, as kubectl sends for built-in kinds: a JSON
+/// merge patch, except that lists of objects merge element by element on
+/// their merge key (`name`, else `containerPort`, else `mountPath`; an
+/// element with `$patch: delete` is removed) and follow the order in
+/// `$setElementOrder/<list>`. Other directives are dropped.
+pub fn strategic_merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("object");
+    for (k, v) in p {
+        if k.starts_with('$') {
+            continue;
+        }
+        match v {
+            Value::Null => {
+                t.remove(k);
+            }
+            Value::Array(items) if items.iter().any(|i| merge_key(i).is_some()) => {
+                let list = t.entry(k.clone()).or_insert_with(|| json!([]));
+                if !list.is_array() {
+                    *list = json!([]);
+                }
+                let list = list.as_array_mut().expect("array");
+                for item in items {
+                    let Some((key, id)) = merge_key(item) else {
+                        continue;
+                    };
+                    let at = list.iter().position(|e| e[key] == *id);
+                    match (at, item["$patch"].as_str()) {
+                        (Some(i), Some("delete")) => {
+                            list.remove(i);
+                        }
+                        (Some(i), _) => strategic_merge(&mut list[i], item),
+                        (None, Some("delete")) => {}
+                        (None, _) => {
+                            let mut e = json!({});
+                            strategic_merge(&mut e, item);
+                            list.push(e);
+                        }
+                    }
+                }
+                if let Some(order) = p
+                    .get(&format!("$setElementOrder/{k}"))
+                    .and_then(Value::as_array)
+                {
+                    let rank = |e: &Value| {
+                        merge_key(e)
+                            .and_then(|(key, id)| order.iter().position(|o| o[key] == *id))
+                            .unwrap_or(usize::MAX)
+                    };
+                    list.sort_by_key(rank);
+                }
+            }
+            _ => strategic_merge(t.entry(k.clone()).or_insert(Value::Null), v),
+        }
+    }
+}
+
+fn merge_key(item: &Value) -> Option<(&'static str, &Value)> {
+    ["name", "containerPort", "mountPath"]
+        .into_iter()
+        .find_map(|k| item.get(k).map(|v| (k, v)))
+}
+
 pub fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
@@ -148,4 +217,61 @@ pub fn status_response(code: StatusCode, reason: &str, message: &str) -> Respons
             "message": message, "reason": reason, "code": code.as_u16()
         }),
     )
+}
+
+/// RFC 6902 JSON Patch, the operations admission webhooks send (`add`,
+/// `replace`, `remove`; `-` appends to an array).
+pub fn json_patch(target: &mut Value, ops: &[Value]) -> Result<(), String> {
+    for op in ops {
+        let path = op["path"].as_str().ok_or("an operation has no path")?;
+        let mut segments: Vec<String> = path
+            .split('/')
+            .skip(1)
+            .map(|s| s.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let last = segments
+            .pop()
+            .ok_or_else(|| format!("{path}: empty path"))?;
+        let mut parent = &mut *target;
+        for s in &segments {
+            parent = match parent {
+                Value::Object(m) => m.get_mut(s),
+                Value::Array(a) => s.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+                _ => None,
+            }
+            .ok_or_else(|| format!("{path}: {s} does not exist"))?;
+        }
+        let value = op["value"].clone();
+        match (op["op"].as_str(), parent) {
+            (Some("add" | "replace"), Value::Object(m)) => {
+                m.insert(last, value);
+            }
+            (Some("add"), Value::Array(a)) if last == "-" => a.push(value),
+            (Some("add"), Value::Array(a)) => {
+                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
+                if i > a.len() {
+                    return Err(format!("{path}: index out of range"));
+                }
+                a.insert(i, value);
+            }
+            (Some("replace"), Value::Array(a)) => {
+                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
+                *a.get_mut(i)
+                    .ok_or_else(|| format!("{path}: index out of range"))? = value;
+            }
+            (Some("remove"), Value::Object(m)) => {
+                m.remove(&last)
+                    .ok_or_else(|| format!("{path}: does not exist"))?;
+            }
+            (Some("remove"), Value::Array(a)) => {
+                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
+                if i >= a.len() {
+                    return Err(format!("{path}: index out of range"));
+                }
+                a.remove(i);
+            }
+            (op, _) => return Err(format!("{path}: unsupported operation {op:?}")),
+        }
+    }
+    Ok(())
 }

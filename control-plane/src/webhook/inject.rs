@@ -1,0 +1,297 @@
+//! Sidecar injection: the mutating webhook's answer for a Pod about to be
+//! created in a namespace labelled `minimesh.io/inject=enabled` (or a pod
+//! labelled so). The sidecar is added as a native sidecar (an init
+//! container with `restartPolicy: Always`, Kubernetes ≥ 1.29): it starts,
+//! and is listening, before the app's containers and stops after them.
+//! Every app container gets `HTTP_PROXY` pointing at it. The pod's
+//! annotations choose the ports (`minimesh.io/inbound-port`, the Service's
+//! `targetPort`, 9090; `minimesh.io/app-port`, where the app listens on
+//! 127.0.0.1, 8080). A pod that already has a sidecar, or was injected, is
+//! left alone.
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::review::Verdict;
+
+/// Annotation set on every injected pod.
+pub const INJECTED: &str = "minimesh.io/injected";
+/// The sidecar container's name.
+pub const SIDECAR: &str = "minimesh-sidecar";
+/// The sidecar's admin port (readiness, metrics).
+pub const ADMIN_PORT: u16 = 15000;
+/// The sidecar's outbound listener (the apps' `HTTP_PROXY`).
+pub const OUTBOUND: &str = "127.0.0.1:15001";
+
+/// What the injected sidecar is made of.
+#[derive(Clone, Debug)]
+pub struct Template {
+    /// Its image.
+    pub image: String,
+    /// The control plane's discovery address, as sidecars dial it.
+    pub xds_addr: String,
+}
+
+/// Answers an AdmissionReview about a Pod with the patch that injects the
+/// sidecar (or none).
+pub fn review(body: &[u8], template: &Template) -> Result<(Verdict, Value), String> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+    if v["kind"] != "AdmissionReview" {
+        return Err("not an AdmissionReview: kind is not AdmissionReview".into());
+    }
+    let uid = v["request"]["uid"]
+        .as_str()
+        .ok_or("not an AdmissionReview: request.uid is missing")?;
+    let pod = &v["request"]["object"];
+    let mut response = json!({ "uid": uid, "allowed": true });
+    let verdict = match patch(pod, template) {
+        Ok(None) => Verdict::Allowed,
+        Ok(Some(ops)) => {
+            response["patchType"] = "JSONPatch".into();
+            response["patch"] = base64::engine::general_purpose::STANDARD
+                .encode(serde_json::to_vec(&ops).unwrap_or_default())
+                .into();
+            Verdict::Allowed
+        }
+        Err(message) => {
+            response["allowed"] = false.into();
+            response["status"] =
+                json!({"status": "Failure", "code": 422, "reason": "Invalid", "message": message});
+            Verdict::Denied
+        }
+    };
+    Ok((
+        verdict,
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    ))
+}
+
+/// A port from annotation `key`, or `default`.
+fn port(pod: &Value, key: &str, default: u16) -> Result<u16, String> {
+    match pod["metadata"]["annotations"][key].as_str() {
+        None => Ok(default),
+        Some(s) => {
+            s.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                format!("metadata.annotations[{key}]: {s:?} is not a port (1-65535)")
+            })
+        }
+    }
+}
+
+/// JSON Pointer escaping of one path segment.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// The JSON Patch that injects the sidecar; None when nothing is to be done.
+pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
+    let spec = &pod["spec"];
+    let names = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|k| spec[*k].as_array().into_iter().flatten())
+        .filter_map(|c| c["name"].as_str());
+    if pod["metadata"]["annotations"][INJECTED].is_string()
+        || pod["metadata"]["labels"]["minimesh.io/inject"] == "disabled"
+        || names.clone().any(|n| n == SIDECAR)
+    {
+        return Ok(None);
+    }
+    if spec["hostNetwork"] == true {
+        return Err("spec.hostNetwork: a pod on the node's network cannot have a sidecar (its ports would be the node's); label it minimesh.io/inject=disabled".into());
+    }
+    let inbound = port(pod, "minimesh.io/inbound-port", 9090)?;
+    let app = port(pod, "minimesh.io/app-port", 8080)?;
+    if inbound == app || [inbound, app].contains(&ADMIN_PORT) || [inbound, app].contains(&15001) {
+        return Err(format!(
+            "metadata.annotations: minimesh.io/inbound-port ({inbound}) and minimesh.io/app-port ({app}) must differ from each other and from the sidecar's own ports ({ADMIN_PORT}, 15001)"
+        ));
+    }
+    let env = |name: &str, value: String| json!({"name": name, "value": value});
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    let sidecar = json!({
+        "name": SIDECAR,
+        "image": t.image,
+        "imagePullPolicy": "IfNotPresent",
+        // A native sidecar: started before the app, stopped after it.
+        "restartPolicy": "Always",
+        "command": ["/usr/local/bin/sidecar"],
+        "env": [
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            env("MINIMESH_XDS_ADDR", t.xds_addr.clone()),
+            env("MINIMESH_OUTBOUND_ADDR", OUTBOUND.into()),
+            env("MINIMESH_INBOUND_ADDR", format!("0.0.0.0:{inbound}")),
+            env("MINIMESH_APP_ADDR", format!("127.0.0.1:{app}")),
+            env("MINIMESH_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
+        ],
+        "ports": [
+            {"name": "http-mesh", "containerPort": inbound},
+            {"name": "http-mesh-admin", "containerPort": ADMIN_PORT},
+        ],
+        // The app starts once the sidecar listens.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 1, "failureThreshold": 60},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": ADMIN_PORT}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    });
+    let mut ops = Vec::new();
+    // First among the init containers: those after it may use the mesh.
+    if spec["initContainers"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty())
+    {
+        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
+    } else {
+        ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar]}));
+    }
+    let proxy = env("HTTP_PROXY", format!("http://{OUTBOUND}"));
+    for (i, c) in spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        match c["env"].as_array() {
+            None => ops.push(
+                json!({"op": "add", "path": format!("/spec/containers/{i}/env"), "value": [proxy]}),
+            ),
+            Some(vars) if !vars.iter().any(|e| e["name"] == "HTTP_PROXY") => ops.push(
+                json!({"op": "add", "path": format!("/spec/containers/{i}/env/-"), "value": proxy}),
+            ),
+            Some(_) => {}
+        }
+    }
+    let mut annotations = vec![(INJECTED, "true".to_string())];
+    // Scraped on the sidecar's port unless the pod says otherwise.
+    if !pod["metadata"]["annotations"]["prometheus.io/scrape"].is_string() {
+        annotations.extend([
+            ("prometheus.io/scrape", "true".into()),
+            ("prometheus.io/port", ADMIN_PORT.to_string()),
+            ("prometheus.io/path", "/metrics".into()),
+        ]);
+    }
+    if pod["metadata"]["annotations"].is_object() {
+        for (k, v) in annotations {
+            ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(k)), "value": v}));
+        }
+    } else {
+        let map: serde_json::Map<String, Value> = annotations
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": map}));
+    }
+    Ok(Some(ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> Template {
+        Template {
+            image: "minimesh:dev".into(),
+            xds_addr: "http://minimesh-control-plane.minimesh-system.svc:15010".into(),
+        }
+    }
+
+    fn pod(extra: Value) -> Value {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "demo", "labels": {"app": "web"}},
+            "spec": {"containers": [
+                {"name": "web", "image": "web:1", "env": [{"name": "A", "value": "1"}]},
+                {"name": "log", "image": "log:1"},
+            ]}
+        });
+        if let (Some(p), Some(e)) = (p.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                p.insert(k.clone(), v.clone());
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn a_pod_gets_a_native_sidecar_first_and_every_container_its_proxy() {
+        let ops = patch(&pod(json!({})), &template())
+            .expect("ok")
+            .expect("a patch");
+        assert_eq!(ops[0]["path"], "/spec/initContainers");
+        let sidecar = &ops[0]["value"][0];
+        assert_eq!(sidecar["name"], SIDECAR);
+        assert_eq!(sidecar["restartPolicy"], "Always");
+        assert_eq!(sidecar["ports"][0]["containerPort"], 9090);
+        assert!(sidecar["env"]
+            .as_array()
+            .expect("env")
+            .contains(&json!({"name": "MINIMESH_APP_ADDR", "value": "127.0.0.1:8080"})));
+        assert_eq!(
+            ops[1],
+            json!({"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "HTTP_PROXY", "value": "http://127.0.0.1:15001"}})
+        );
+        assert_eq!(ops[2]["path"], "/spec/containers/1/env");
+        assert_eq!(ops[3]["path"], "/metadata/annotations");
+        assert_eq!(ops[3]["value"][INJECTED], "true");
+        assert_eq!(ops[3]["value"]["prometheus.io/port"], "15000");
+    }
+
+    #[test]
+    fn ports_come_from_annotations_and_bad_ones_are_refused_by_name() {
+        let p = pod(json!({"metadata": {"name": "w", "annotations": {
+            "minimesh.io/inbound-port": "8443", "minimesh.io/app-port": "3000", "prometheus.io/scrape": "false"}}}));
+        let ops = patch(&p, &template()).expect("ok").expect("a patch");
+        assert_eq!(ops[0]["value"][0]["ports"][0]["containerPort"], 8443);
+        let paths: Vec<&str> = ops.iter().filter_map(|o| o["path"].as_str()).collect();
+        assert_eq!(
+            paths.last(),
+            Some(&"/metadata/annotations/minimesh.io~1injected"),
+            "the pod's own scrape settings are kept: {paths:?}"
+        );
+        let p = pod(
+            json!({"metadata": {"name": "w", "annotations": {"minimesh.io/app-port": "http"}}}),
+        );
+        assert_eq!(
+            patch(&p, &template()).unwrap_err(),
+            "metadata.annotations[minimesh.io/app-port]: \"http\" is not a port (1-65535)"
+        );
+    }
+
+    #[test]
+    fn injected_opted_out_and_hand_written_pods_are_left_alone() {
+        for extra in [
+            json!({"metadata": {"name": "w", "annotations": {INJECTED: "true"}}}),
+            json!({"metadata": {"name": "w", "labels": {"minimesh.io/inject": "disabled"}}}),
+            json!({"spec": {"containers": [{"name": SIDECAR, "image": "minimesh"}]}}),
+        ] {
+            assert_eq!(patch(&pod(extra.clone()), &template()), Ok(None), "{extra}");
+        }
+    }
+
+    #[test]
+    fn the_review_carries_the_patch_in_base64() {
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": "CREATE", "object": pod(json!({}))}
+        }))
+        .expect("json");
+        let (verdict, out) = review(&body, &template()).expect("review");
+        assert_eq!(verdict, Verdict::Allowed);
+        assert_eq!(out["response"]["uid"], "u-1");
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(out["response"]["patch"].as_str().expect("patch"))
+            .expect("base64");
+        let ops: Vec<Value> = serde_json::from_slice(&patch).expect("ops");
+        assert_eq!(ops[0]["value"][0]["name"], SIDECAR);
+    }
+}
