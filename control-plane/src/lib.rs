@@ -76,6 +76,17 @@ pub struct Args {
     /// --lease-duration (10s).
     #[arg(long, env = "MINIMESH_LEASE_RENEW_DEADLINE", value_parser = duration)]
     pub lease_renew_deadline: Option<Duration>,
+    /// Kubernetes: watch rules, Services and EndpointSlices in these namespaces only
+    /// (comma-separated), so that the control plane needs read access to no others.
+    /// Unset: the whole cluster.
+    #[arg(long, env = "MINIMESH_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Option<Vec<String>>,
+    /// Kubernetes: serve only the objects of namespaces whose labels match this
+    /// selector (kubectl's -l syntax, e.g. `minimesh.io/discovery=enabled`), as
+    /// Istio's discoverySelectors; a namespace that gains or loses a label comes
+    /// into or leaves the mesh at once. Unset: every namespace watched.
+    #[arg(long, env = "MINIMESH_NAMESPACE_SELECTOR")]
+    pub namespace_selector: Option<String>,
     /// Files source: directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
@@ -122,6 +133,14 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 
 /// Runs the control plane until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.source != "kubernetes"
+        && (args.watch_namespaces.is_some() || args.namespace_selector.is_some())
+    {
+        anyhow::bail!(
+            "--watch-namespaces and --namespace-selector scope the Kubernetes source; with --source {} they would do nothing",
+            args.source
+        );
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
     let cache = Arc::new(Cache::new(xds_v3::Options {
@@ -169,7 +188,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )
         .await?;
         let (tx, mut rx) = watch::channel(Store::default());
-        tokio::spawn(source::kubernetes::run(client.clone(), tx));
+        let scope = source::kubernetes::Scope {
+            namespaces: args.watch_namespaces.clone(),
+            selector: args.namespace_selector.clone(),
+        };
+        tokio::spawn(source::kubernetes::run(client.clone(), scope, tx));
         info!("waiting for the first complete list of rules, Services and EndpointSlices");
         rx.changed()
             .await

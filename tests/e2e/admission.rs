@@ -221,7 +221,11 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
             .expect("metrics");
         denied += metrics
             .lines()
-            .find_map(|l| l.strip_prefix("minimesh_admission_reviews_total{webhook=\"validate\",verdict=\"denied\"} "))
+            .find_map(|l| {
+                l.strip_prefix(
+                    "minimesh_admission_reviews_total{webhook=\"validate\",verdict=\"denied\"} ",
+                )
+            })
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no denied count:\n{metrics}"));
     }

@@ -94,6 +94,8 @@ struct Watch {
     namespace: Option<String>,
     /// Only the object of this name (`fieldSelector=metadata.name=...`).
     name: Option<String>,
+    /// Only objects whose labels match (`labelSelector`).
+    labels: Option<String>,
 }
 
 impl Watch {
@@ -107,6 +109,10 @@ impl Watch {
                 .name
                 .as_ref()
                 .is_none_or(|n| obj["metadata"]["name"] == *n.as_str())
+            && self
+                .labels
+                .as_ref()
+                .is_none_or(|l| label_match(l, &obj["metadata"]["labels"]))
     }
 }
 
@@ -573,6 +579,7 @@ impl FakeKube {
                         bookmarks,
                         namespace: ns,
                         name: only,
+                        labels: query.get("labelSelector").cloned(),
                     },
                     from,
                     plural,
@@ -580,7 +587,10 @@ impl FakeKube {
             }
             (Method::GET, None, _) => {
                 let mut inner = self.inner.lock().expect("lock");
-                inner.log.push(format!("LIST {plural}"));
+                inner.log.push(match &ns {
+                    Some(ns) => format!("LIST {plural} in {ns}"),
+                    None => format!("LIST {plural}"),
+                });
                 let items: Vec<Value> = inner
                     .objects
                     .iter()
@@ -588,6 +598,11 @@ impl FakeKube {
                         *oc == c
                             && ns.as_ref().is_none_or(|n| n == ons)
                             && only.as_ref().is_none_or(|n| n == oname)
+                    })
+                    .filter(|(_, o)| {
+                        query
+                            .get("labelSelector")
+                            .is_none_or(|l| label_match(l, &o["metadata"]["labels"]))
                     })
                     .map(|(_, o)| {
                         let mut o = o.clone();
@@ -799,7 +814,10 @@ impl FakeKube {
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         w.tx = tx;
         let mut inner = self.inner.lock().expect("lock");
-        inner.log.push(format!("WATCH {plural} {from}"));
+        inner.log.push(match &w.namespace {
+            Some(ns) => format!("WATCH {plural} {from} in {ns}"),
+            None => format!("WATCH {plural} {from}"),
+        });
         if from < inner.compacted {
             let _ = w.tx.send(watch_line("ERROR", &gone(from, inner.compacted)));
         } else {
@@ -842,15 +860,25 @@ impl Inner {
                 }
             }
         }
-        if event == "DELETED" {
-            self.objects.remove(&key);
+        let previous = if event == "DELETED" {
+            self.objects.remove(&key)
         } else {
-            self.objects.insert(key.clone(), obj.clone());
-        }
+            self.objects.insert(key.clone(), obj.clone())
+        };
         self.history.push((self.rv, key.0, event, obj.clone()));
-        let line = watch_line(event, &obj);
-        self.watches
-            .retain(|w| !w.selects(key.0, &obj) || w.tx.send(line.clone()).is_ok());
+        // A change that takes an object into or out of a watch's selection
+        // reaches that watch as ADDED or DELETED, as from the watch cache.
+        self.watches.retain(|w| {
+            let now = w.selects(key.0, &obj);
+            let before = previous.as_ref().is_some_and(|p| w.selects(key.0, p));
+            let seen = match (event, before, now) {
+                ("MODIFIED", true, false) => "DELETED",
+                ("MODIFIED", false, true) => "ADDED",
+                (_, _, true) => event,
+                _ => return !w.tx.is_closed(),
+            };
+            w.tx.send(watch_line(seen, &obj)).is_ok()
+        });
         obj
     }
 }

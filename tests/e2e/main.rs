@@ -20,6 +20,7 @@ mod protocol;
 mod rapid_reset;
 mod replicas;
 mod resilience;
+mod scope;
 mod upstream_http;
 mod xds_v3;
 mod xds_v3_envoy;

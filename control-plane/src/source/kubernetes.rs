@@ -5,6 +5,9 @@
 //! through the same parser and validation as local files and feed the same
 //! [`Store`]. Nothing is published until every watcher has completed its
 //! first list, and a relist replaces a kind's objects only once it is whole.
+//! A [`Scope`] narrows what is served: watches in listed namespaces only
+//! (`--watch-namespaces`), and objects of namespaces whose labels match a
+//! selector only (`--namespace-selector`, as Istio's discoverySelectors).
 
 pub mod lease;
 pub mod status;
@@ -69,6 +72,29 @@ pub fn watched() -> Vec<Watched> {
     ]
 }
 
+/// Which namespaces the control plane serves.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Watch only these namespaces (None: the whole cluster).
+    pub namespaces: Option<Vec<String>>,
+    /// Serve only objects of namespaces whose labels match this selector
+    /// (kubectl's `-l` syntax, evaluated by the API server on a watch of
+    /// Namespaces).
+    pub selector: Option<String>,
+}
+
+/// One watch: a kind, in one namespace or all.
+#[derive(Clone, Debug)]
+struct Source {
+    watched: Watched,
+    namespace: Option<String>,
+}
+
+/// The Namespace watch of a selector.
+fn namespaces() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Namespace"), "namespaces")
+}
+
 /// One object as the source keeps it.
 #[derive(Clone, Debug)]
 enum Entry {
@@ -81,6 +107,8 @@ enum Entry {
     Plain(Object),
     /// An object minimesh cannot use (logged once, counted in errors).
     Rejected(crate::config::ConfigError),
+    /// A namespace the selector selects.
+    Selected,
 }
 
 #[derive(Default)]
@@ -104,6 +132,9 @@ fn entry_of(
     obj: &DynamicObject,
     previous: Option<&Entry>,
 ) -> Option<(ObjectKey, Entry)> {
+    if resource.kind == "Namespace" {
+        return Some((key_of(resource, obj)?, Entry::Selected));
+    }
     let mut value = serde_json::to_value(obj).ok()?;
     // List items from the API server carry no apiVersion/kind: set them.
     value["apiVersion"] = resource.api_version.clone().into();
@@ -179,12 +210,23 @@ fn recorded_good(resource: &ApiResource, obj: &DynamicObject) -> Option<Arc<Vali
     }
 }
 
-/// Builds the store from every kind's objects.
-fn build(kinds: &[KindState], resources: &[Watched]) -> Store {
+/// Builds the store from every kind's objects (of the selected namespaces,
+/// when a selector scopes them).
+fn build(kinds: &[KindState], sources: &[Source]) -> Store {
     let mut store = Store::default();
-    for (state, w) in kinds.iter().zip(resources) {
-        let origin = origin(&w.resource);
+    let selected: Option<std::collections::BTreeSet<&str>> = sources
+        .iter()
+        .position(|s| s.watched.resource.kind == "Namespace")
+        .map(|i| kinds[i].current.keys().map(|k| k.name.as_str()).collect());
+    for (state, source) in kinds.iter().zip(sources) {
+        let origin = origin(&source.watched.resource);
         for (key, entry) in &state.current {
+            if selected
+                .as_ref()
+                .is_some_and(|s| !s.contains(key.namespace.as_str()))
+            {
+                continue;
+            }
             match entry {
                 Entry::Rule { good, seen } => {
                     if let Some(rule) = good {
@@ -195,6 +237,7 @@ fn build(kinds: &[KindState], resources: &[Watched]) -> Store {
                 }
                 Entry::Plain(object) => store.insert(key.clone(), object.clone(), &origin),
                 Entry::Rejected(e) => store.errors.push(e.clone()),
+                Entry::Selected => {}
             }
         }
     }
@@ -216,8 +259,8 @@ async fn installed(client: &Client, resource: &ApiResource) -> bool {
 
 /// Runs the watchers and publishes a store on every change once all kinds
 /// are listed, until the receiver side is gone.
-pub async fn run(client: Client, tx: watch::Sender<Store>) {
-    let mut resources = Vec::new();
+pub async fn run(client: Client, scope: Scope, tx: watch::Sender<Store>) {
+    let mut sources = Vec::new();
     for w in watched() {
         if !w.required && !installed(&client, &w.resource).await {
             info!(
@@ -227,17 +270,50 @@ pub async fn run(client: Client, tx: watch::Sender<Store>) {
             );
             continue;
         }
-        resources.push(w);
+        match &scope.namespaces {
+            None => sources.push(Source {
+                watched: w,
+                namespace: None,
+            }),
+            Some(list) => sources.extend(list.iter().map(|ns| Source {
+                watched: w.clone(),
+                namespace: Some(ns.clone()),
+            })),
+        }
+    }
+    if scope.selector.is_some() {
+        sources.push(Source {
+            watched: Watched {
+                resource: namespaces(),
+                required: true,
+            },
+            namespace: None,
+        });
     }
     let (events_tx, mut events) = mpsc::channel::<(usize, Event<DynamicObject>)>(1024);
-    for (i, w) in resources.iter().enumerate() {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &w.resource);
+    for (i, source) in sources.iter().enumerate() {
+        let resource = &source.watched.resource;
+        let api: Api<DynamicObject> = match &source.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        };
+        let mut config = watcher::Config::default();
+        if resource.kind == "Namespace" {
+            config = config.labels(scope.selector.as_deref().unwrap_or_default());
+        }
         let events_tx = events_tx.clone();
-        let kind = format!("{} ({})", w.resource.kind, w.resource.api_version);
+        let kind = format!(
+            "{} ({}){}",
+            resource.kind,
+            resource.api_version,
+            source
+                .namespace
+                .as_ref()
+                .map(|ns| format!(" in {ns}"))
+                .unwrap_or_default()
+        );
         tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
+            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             while let Some(item) = stream.next().await {
                 match item {
                     Ok(event) => {
@@ -251,7 +327,8 @@ pub async fn run(client: Client, tx: watch::Sender<Store>) {
         });
     }
     drop(events_tx);
-    let mut kinds: Vec<KindState> = resources.iter().map(|_| KindState::default()).collect();
+    let resources: Vec<Watched> = sources.iter().map(|s| s.watched.clone()).collect();
+    let mut kinds: Vec<KindState> = sources.iter().map(|_| KindState::default()).collect();
     let mut announced = false;
     while let Some(first) = events.recv().await {
         let mut changed = apply(&mut kinds, &resources, first);
@@ -264,10 +341,10 @@ pub async fn run(client: Client, tx: watch::Sender<Store>) {
         }
         if !announced {
             announced = true;
-            info!(kinds = kinds.len(), "Kubernetes source synced");
+            info!(watches = kinds.len(), "Kubernetes source synced");
             changed = true;
         }
-        if changed && tx.send(build(&kinds, &resources)).is_err() {
+        if changed && tx.send(build(&kinds, &sources)).is_err() {
             return;
         }
     }
@@ -331,6 +408,7 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "DestinationRule" => "DestinationRule",
         "Service" => "Service",
         "EndpointSlice" => "EndpointSlice",
+        "Namespace" => "Namespace",
         _ => return None,
     };
     Some(ObjectKey {

@@ -275,3 +275,50 @@ pub fn json_patch(target: &mut Value, ops: &[Value]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Whether `labels` match a label selector in kubectl's syntax (`k=v`,
+/// `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`, comma-joined).
+pub fn label_match(selector: &str, labels: &Value) -> bool {
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, ch) in selector.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&selector[start..]);
+    terms
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .all(|t| {
+            let get = |k: &str| labels[k.trim()].as_str();
+            let set = |list: &str| -> Vec<String> {
+                list.trim()
+                    .trim_start_matches('(')
+                    .trim_end_matches(')')
+                    .split(',')
+                    .map(|v| v.trim().to_string())
+                    .collect()
+            };
+            if let Some((k, v)) = t.split_once("!=") {
+                get(k) != Some(v.trim())
+            } else if let Some((k, v)) = t.split_once("==").or_else(|| t.split_once('=')) {
+                get(k) == Some(v.trim())
+            } else if let Some((k, v)) = t.split_once(" notin ") {
+                get(k).is_none_or(|x| !set(v).iter().any(|s| s == x))
+            } else if let Some((k, v)) = t.split_once(" in ") {
+                get(k).is_some_and(|x| set(v).iter().any(|s| s == x))
+            } else if let Some(k) = t.strip_prefix('!') {
+                get(k).is_none()
+            } else {
+                get(t).is_some()
+            }
+        })
+}

@@ -1,0 +1,113 @@
+//! Scoping the control plane to some namespaces, as Istio's
+//! discoverySelectors: `--namespace-selector` serves only namespaces whose
+//! labels match (a namespace labelled or unlabelled comes in or goes at
+//! once); `--watch-namespaces` watches only the listed ones.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::fake_kube::FakeKube;
+use crate::harness::*;
+use crate::kubernetes::control_plane;
+
+fn namespace(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+/// A Service `web` in `ns` with one endpoint, `host`.
+fn web_in(fake: &FakeKube, net: &Net, ns: &str, host: u8) {
+    fake.apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 9090}]}
+    }));
+    fake.apply(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-abc", "namespace": ns, "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 9090}],
+        "endpoints": [{"addresses": [net.ip(host).to_string()], "conditions": {"ready": true}}]
+    }));
+}
+
+/// The namespaces whose `web` a sidecar has a cluster for.
+fn served(config: &Value) -> Vec<String> {
+    let mut out: Vec<String> = config["clusters"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, _)| {
+            name.strip_prefix("web.")?
+                .strip_suffix(".svc.cluster.local:80")
+                .map(str::to_string)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_selector_serves_only_the_labelled_namespaces() {
+    let net = Net::new(113);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let mesh = json!({"minimesh.io/discovery": "enabled"});
+    fake.apply(namespace("a", mesh.clone()));
+    fake.apply(namespace("b", json!({"team": "b"})));
+    fake.apply(namespace("c", mesh.clone()));
+    for (ns, host) in [("a", 1), ("b", 2), ("c", 3)] {
+        web_in(&fake, &net, ns, host);
+    }
+    let _cp = control_plane(
+        &net,
+        &fake,
+        "cp-0",
+        254,
+        &["--namespace-selector", "minimesh.io/discovery=enabled"],
+    )
+    .await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    wait_sidecar(admin, Duration::from_secs(10), |v| served(v) == ["a", "c"]).await;
+
+    // b joins when labelled; a leaves when its label goes.
+    fake.apply(namespace(
+        "b",
+        json!({"team": "b", "minimesh.io/discovery": "enabled"}),
+    ));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        served(v) == ["a", "b", "c"]
+    })
+    .await;
+    fake.apply(namespace("a", json!({})));
+    wait_sidecar(admin, Duration::from_secs(10), |v| served(v) == ["b", "c"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_namespaces_are_the_only_ones_read() {
+    let net = Net::new(114);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    for (ns, host) in [("a", 1), ("b", 2), ("c", 3)] {
+        web_in(&fake, &net, ns, host);
+    }
+    let cp = control_plane(&net, &fake, "cp-0", 254, &["--watch-namespaces", "a,c"]).await;
+    let _sc = net.sidecar(100, &[]).await;
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
+        served(v) == ["a", "c"]
+    })
+    .await;
+    // Every list and watch named a namespace: none was cluster-wide.
+    let log = fake.log();
+    let reads: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("LIST ") || l.starts_with("WATCH "))
+        .collect();
+    assert!(!reads.is_empty());
+    assert!(
+        reads
+            .iter()
+            .all(|l| l.contains(" in a") || l.contains(" in c")),
+        "{reads:#?}\n{}",
+        cp.log_text()
+    );
+}
