@@ -498,7 +498,7 @@ impl FakeKube {
     async fn handle(&self, req: http::Request<hyper::body::Incoming>) -> Response<Body> {
         use std::sync::atomic::Ordering::Relaxed;
         let every = self.throttle.load(Relaxed);
-        if every > 0 && (self.requests.fetch_add(1, Relaxed) + 1) % every == 0 {
+        if every > 0 && (self.requests.fetch_add(1, Relaxed) + 1).is_multiple_of(every) {
             self.inner.lock().expect("lock").log.push(format!(
                 "THROTTLED {} {}",
                 req.method(),
