@@ -87,6 +87,19 @@ pub struct Args {
     /// into or leaves the mesh at once. Unset: every namespace watched.
     #[arg(long, env = "MINIMESH_NAMESPACE_SELECTOR")]
     pub namespace_selector: Option<String>,
+    /// Kubernetes: where the other replicas reach this one's load-report service
+    /// (the discovery port) when it leads, to pass on their sidecars' reports
+    /// (LOAD_AWARE weights come from every report). Default: http://$POD_IP:<--xds-addr port>.
+    #[arg(long, env = "MINIMESH_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+    /// Kubernetes: the ConfigMap (in the control plane's namespace) where the leader
+    /// publishes LOAD_AWARE weights and every other replica reads them.
+    #[arg(
+        long,
+        env = "MINIMESH_LOAD_AWARE_CONFIGMAP",
+        default_value = "minimesh-load-aware"
+    )]
+    pub load_aware_configmap: String,
     /// Files source: directory of YAML files (DestinationRule, Service, EndpointSlice; multi-document; watched).
     #[arg(long, env = "MINIMESH_CONFIG_DIR", default_value = "config")]
     pub config_dir: PathBuf,
@@ -176,6 +189,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // half-read config.
     // On Kubernetes: the election, to end and release on shutdown.
     let mut election = None;
+    // Who computes LOAD_AWARE weights: the leader on Kubernetes, else this one.
+    let (weights_tx, weights_rx) = watch::channel(0u64);
+    let mut computes = watch::channel(true).1;
+    let mut forward = None;
     let store_rx = if args.source == "kubernetes" {
         let client = source::kubernetes::client().await?;
         // The webhooks first: once this replica is ready, the API server
@@ -200,6 +217,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let initial = rx.borrow_and_update().clone();
         publish(&initial, &cache, &admin, &metrics, &la);
         let (leader_tx, leader_rx) = watch::channel(false);
+        let (leader_addr_tx, leader_addr_rx) = watch::channel(None);
+        let advertise = args.advertise_addr.clone().or_else(|| {
+            std::env::var("POD_IP")
+                .ok()
+                .filter(|ip| !ip.is_empty())
+                .map(|ip| format!("http://{ip}:{}", args.xds_addr.port()))
+        });
+        if advertise.is_none() {
+            warn!("no --advertise-addr and no POD_IP: when this replica leads, the others cannot pass it their sidecars' load reports");
+        }
         let lease = source::kubernetes::lease::LeaseConfig {
             namespace: args.lease_namespace.clone(),
             name: args.lease_name.clone(),
@@ -209,14 +236,43 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             renew_deadline: args
                 .lease_renew_deadline
                 .unwrap_or(args.lease_duration * 2 / 3),
+            advertise,
         };
         lease.check().map_err(anyhow::Error::msg)?;
         let campaign = tokio::spawn(source::kubernetes::lease::run(
             client.clone(),
             lease.clone(),
             leader_tx,
+            leader_addr_tx,
         ));
         election = Some((client.clone(), lease, campaign));
+        // LOAD_AWARE, one truth: followers pass their reports to the
+        // leader, which computes and publishes the weights they all use.
+        let (forward_tx, forward_rx) = tokio::sync::mpsc::channel(load::replicas::FORWARD_QUEUE);
+        forward = Some(forward_tx);
+        tokio::spawn(load::replicas::forward(
+            forward_rx,
+            args.identity.clone(),
+            leader_rx.clone(),
+            leader_addr_rx,
+        ));
+        tokio::spawn(load::replicas::publish_weights(
+            client.clone(),
+            args.lease_namespace.clone(),
+            args.load_aware_configmap.clone(),
+            la.clone(),
+            leader_rx.clone(),
+            weights_rx.clone(),
+        ));
+        tokio::spawn(load::replicas::follow_weights(
+            client.clone(),
+            args.lease_namespace.clone(),
+            args.load_aware_configmap.clone(),
+            la.clone(),
+            leader_rx.clone(),
+            weights_tx.clone(),
+        ));
+        computes = leader_rx.clone();
         tokio::spawn(source::kubernetes::status::run(
             client,
             args.identity.clone(),
@@ -244,7 +300,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         store_rx
     };
 
-    let (weights_tx, weights_rx) = watch::channel(0u64);
     tokio::spawn(debounce(
         store_rx,
         weights_rx,
@@ -255,7 +310,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.clone(),
         la.clone(),
     ));
-    tokio::spawn(load_aware_loop(aggregator.clone(), la.clone(), weights_tx));
+    tokio::spawn(load_aware_loop(
+        aggregator.clone(),
+        la.clone(),
+        computes,
+        weights_tx,
+    ));
 
     let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
         .await
@@ -266,6 +326,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         aggregator,
         la: la.clone(),
         reporters: metrics.load_reporters.clone(),
+        forward,
     };
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
     grpc::serve(xds_listener, discovery, lrs, shutdown_signal())
@@ -304,14 +365,20 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
 /// Every second, steps the LOAD_AWARE controller of every cluster from its
 /// published weights (those the sidecars balance with) and publishes the
 /// step when it moves a weight past the dead band ([`load_aware::moved`]).
+/// Only while `computes`: on Kubernetes, the leader's weights are everyone's.
 async fn load_aware_loop(
     agg: Arc<load::Aggregator>,
     la: Arc<LoadAwareState>,
+    computes: watch::Receiver<bool>,
     tx: watch::Sender<u64>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
+        // A follower takes the leader's weights (load::replicas).
+        if !*computes.borrow() {
+            continue;
+        }
         let clusters = la
             .clusters
             .read()

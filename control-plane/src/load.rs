@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 use crate::discovery::session::{drive, BoxStream, Session};
 
 pub mod metrics;
+pub mod replicas;
 
 /// How long a reporter's highest sequence is kept after its last report: far longer than any reconnect that could send a
 /// report again, and short enough that reporters and endpoints that are gone
@@ -381,6 +382,9 @@ pub struct LoadReports {
     pub la: Arc<crate::LoadAwareState>,
     /// Connected reporters (`minimesh_load_reporters_connected`).
     pub reporters: prometheus_client::metrics::gauge::Gauge,
+    /// On Kubernetes: every report is also passed here, for the leader
+    /// ([`replicas::forward`]).
+    pub forward: Option<tokio::sync::mpsc::Sender<LoadStatsRequest>>,
 }
 
 #[tonic::async_trait]
@@ -405,6 +409,9 @@ impl LoadReports {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
+            node_message: None,
+            forwarder: false,
+            forward: self.forward.clone(),
             sent_interval: 0,
             reporters: self.reporters.clone(),
         };
@@ -418,6 +425,11 @@ impl LoadReports {
 struct LoadSession {
     aggregator: Arc<Aggregator>,
     node: String,
+    /// The node as the first report named it (forwarded reports carry it).
+    node_message: Option<minimesh_proto::v1::Node>,
+    /// This stream is another replica passing on its sidecars' reports.
+    forwarder: bool,
+    forward: Option<tokio::sync::mpsc::Sender<LoadStatsRequest>>,
     sent_interval: u64,
     /// Counts this stream from its first report (which names the node) to
     /// its end.
@@ -452,7 +464,11 @@ impl Session for LoadSession {
             match &req.node {
                 Some(n) if !n.id.is_empty() => {
                     self.node = n.id.clone();
-                    self.reporters.inc();
+                    self.forwarder = n.id.starts_with(minimesh_proto::FORWARDER_NODE_PREFIX);
+                    if !self.forwarder {
+                        self.reporters.inc();
+                        self.node_message = req.node.clone();
+                    }
                 }
                 _ => {
                     return Err(Status::invalid_argument(
@@ -462,8 +478,25 @@ impl Session for LoadSession {
             }
             self.send_interval(*interval, out);
         }
+        if self.forwarder {
+            // Another replica's: each report names its sidecar.
+            if let Some(node) = req.node.as_ref().filter(|n| !n.id.is_empty()) {
+                if !node.id.starts_with(minimesh_proto::FORWARDER_NODE_PREFIX) {
+                    self.aggregator.add(&node.id, &req);
+                }
+            }
+            return Ok(());
+        }
         // The first report may carry load too (Envoy's and gRPC's may).
         self.aggregator.add(&self.node, &req);
+        if let Some(forward) = &self.forward {
+            if !req.cluster_stats.is_empty() {
+                let mut passed = req;
+                passed.node = self.node_message.clone();
+                // Full (the leader unreachable): dropped, and counted there.
+                let _ = forward.try_send(passed);
+            }
+        }
         Ok(())
     }
 
@@ -472,7 +505,7 @@ impl Session for LoadSession {
     }
 
     fn on_end(&mut self) {
-        if !self.node.is_empty() {
+        if !self.node.is_empty() && !self.forwarder {
             self.reporters.dec();
         }
         debug!(node = self.node, "load-report stream ended");

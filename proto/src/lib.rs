@@ -67,6 +67,12 @@ fn buffer_settings() -> tonic::codec::BufferSettings {
 /// only the assignments that changed since the client's last ACK.
 pub const PARTIAL_ENDPOINTS: &str = "minimesh.io/partial-endpoints";
 
+/// The prefix of the node id another control-plane replica opens a load-report
+/// stream with, to pass on the reports its sidecars send (LOAD_AWARE weights
+/// are computed by one replica, from every report): each report on such a
+/// stream names, in its own `node`, the sidecar that sent it.
+pub const FORWARDER_NODE_PREFIX: &str = "minimesh-forwarder/";
+
 /// Type URL of [`v1::Cluster`].
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/minimesh.v1.Cluster";
 /// Type URL of [`v1::ClusterLoadAssignment`].

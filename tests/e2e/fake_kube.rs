@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 12] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 13] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -72,6 +72,7 @@ const COLLECTIONS: [(&str, &str, &str, &str); 12] = [
     ("", "v1", "namespaces", "Namespace"),
     ("", "v1", "pods", "Pod"),
     ("apps", "v1", "deployments", "Deployment"),
+    ("", "v1", "configmaps", "ConfigMap"),
 ];
 const ISTIO: usize = 4;
 const WEBHOOKS: usize = 6;

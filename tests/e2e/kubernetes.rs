@@ -194,8 +194,16 @@ async fn rules_and_endpoints_from_the_api_reach_the_sidecar_and_status_is_writte
         "{message}"
     );
     assert_eq!(st["policy"], "MAGLEV", "the good version is in force");
-    // Each verdict is an Event on the rule, as `kubectl describe` lists them.
-    let events = fake.list("events.k8s.io/v1", "Event");
+    // Each verdict is an Event on the rule, as `kubectl describe` lists them
+    // (published once the status is written: polled).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events = fake.list("events.k8s.io/v1", "Event");
+        if events.iter().any(|e| e["reason"] == "Invalid") || Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let said: Vec<(&str, &str)> = events
         .iter()
         .filter(|e| e["regarding"]["name"] == "backend-dr")

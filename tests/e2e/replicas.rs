@@ -138,3 +138,118 @@ async fn a_replica_started_after_an_invalid_rule_serves_the_last_good_one_like_t
         "{out}"
     );
 }
+
+/// Endpoint weights of `backend` in a control plane's /debug/endpoints,
+/// for hosts 1, 2, 3.
+fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
+    let eps = endpoints["backend.default.svc.cluster.local:80"]["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    (1..=3)
+        .map(|h| {
+            let a = net.addr(h, 9090).to_string();
+            eps.iter()
+                .find(|e| e["address"] == a.as_str())
+                .and_then(|e| e["weight"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_aware_weights_come_from_every_report_and_are_the_same_on_every_replica() {
+    let net = Net::new(115);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let _b: Vec<_> =
+        futures_util::future::join_all(UNEQUAL.iter().map(|(h, env)| net.backend(*h, env))).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true), (3, true)]));
+    fake.apply(json!({
+        "apiVersion": "minimesh.io/v1alpha1", "kind": "DestinationRule",
+        "metadata": {"name": "backend-dr", "namespace": NS},
+        "spec": {"host": "backend", "trafficPolicy": {"loadBalancer": {"simple": "LOAD_AWARE"}}}
+    }));
+    let flags = |host: u8| {
+        vec![
+            "--load-report-interval".to_string(),
+            "300ms".into(),
+            "--advertise-addr".into(),
+            format!("http://{}", net.addr(host, 15010)),
+        ]
+    };
+    let f0 = flags(254);
+    let f0: Vec<&str> = f0.iter().map(String::as_str).collect();
+    let _cp0 = control_plane(&net, &fake, "cp-0", 254, &f0).await;
+    // cp-0 was first: it leads.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fake
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "minimesh-system",
+            "minimesh-control-plane",
+        )
+        .is_none_or(|l| l["spec"]["holderIdentity"] != "cp-0")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "cp-0 never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let f1 = flags(253);
+    let f1: Vec<&str> = f1.iter().map(String::as_str).collect();
+    let cp1 = control_plane(&net, &fake, "cp-1", 253, &f1).await;
+    // Load only through a sidecar of the follower: the leader sees it only
+    // through the reports the follower passes on.
+    let _sc = net.sidecar_of(101, net.addr(253, 15010), &[]).await;
+    let load = Background::start(net.addr(101, 15001), "backend", 60);
+    let start = tokio::time::Instant::now();
+    let (mut w0, mut w1) = (vec![], vec![]);
+    let mut agreed_ordered = false;
+    while start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        w0 = weights(
+            &get_json(net.addr(254, 15014), "/debug/endpoints").await,
+            &net,
+        );
+        w1 = weights(
+            &get_json(net.addr(253, 15014), "/debug/endpoints").await,
+            &net,
+        );
+        if w0 == w1 && w0[0] > w0[1] && w0[1] > w0[2] {
+            agreed_ordered = true;
+            break;
+        }
+    }
+    let counts = load.finish().await;
+    assert_no_failures(&counts, "through the follower's sidecar: ");
+    assert!(
+        agreed_ordered,
+        "leader {w0:?}, follower {w1:?} (never both ordered by capacity and equal)\n{}",
+        cp1.log_text()
+    );
+    // The leader counted the follower's sidecar's requests.
+    let view = get_json(net.addr(254, 15014), "/debug/load").await;
+    let seen: u64 = (1..=3)
+        .map(|h| {
+            view["clusters"]["backend.default.svc.cluster.local:80"][net.addr(h, 9090).to_string()]
+                ["requests"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(seen > 0, "{view:#}");
+    // And published the weights where every replica reads them.
+    let cm = fake
+        .get("v1", "ConfigMap", "minimesh-system", "minimesh-load-aware")
+        .expect("the weights' ConfigMap");
+    assert!(
+        cm["data"]["weights.json"]
+            .as_str()
+            .is_some_and(|w| w.contains("backend.default")),
+        "{cm:#}"
+    );
+    eprintln!(
+        "LOAD_AWARE weights, leader {w0:?}, follower {w1:?}, after {:?}",
+        start.elapsed()
+    );
+}

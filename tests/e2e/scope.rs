@@ -96,11 +96,17 @@ async fn watched_namespaces_are_the_only_ones_read() {
         served(v) == ["a", "c"]
     })
     .await;
-    // Every list and watch named a namespace: none was cluster-wide.
+    // Every list and watch of rules, Services and EndpointSlices named a
+    // watched namespace: none was cluster-wide.
     let log = fake.log();
     let reads: Vec<&String> = log
         .iter()
         .filter(|l| l.starts_with("LIST ") || l.starts_with("WATCH "))
+        .filter(|l| {
+            ["destinationrules", "services", "endpointslices"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
         .collect();
     assert!(!reads.is_empty());
     assert!(

@@ -34,7 +34,13 @@ pub struct LeaseConfig {
     pub retry: Duration,
     /// A leader that has not renewed for this long steps down.
     pub renew_deadline: Duration,
+    /// Where the other replicas reach this one's load-report service, set
+    /// on the Lease while this replica holds it (see `load::replicas`).
+    pub advertise: Option<String>,
 }
+
+/// The Lease annotation with the holder's load-report address.
+pub const ADDRESS_ANNOTATION: &str = "minimesh.io/load-address";
 
 impl LeaseConfig {
     /// The order client-go requires: retry < renew deadline < duration.
@@ -55,8 +61,14 @@ impl LeaseConfig {
     }
 }
 
-/// Campaigns forever; `leader` says whether this replica holds the lease.
-pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) {
+/// Campaigns forever; `leader` says whether this replica holds the lease,
+/// `leader_addr` where the holder takes load reports (when it says).
+pub async fn run(
+    client: Client,
+    cfg: LeaseConfig,
+    leader: watch::Sender<bool>,
+    leader_addr: watch::Sender<Option<String>>,
+) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renewed: Option<tokio::time::Instant> = None;
     loop {
@@ -67,10 +79,15 @@ pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) 
             None => cfg.renew_deadline,
         };
         let held = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &cfg)).await {
-            Ok(Ok(held)) => {
+            Ok(Ok((held, addr))) => {
                 if held {
                     last_renewed = Some(tokio::time::Instant::now());
                 }
+                leader_addr.send_if_modified(|a| {
+                    let changed = *a != addr;
+                    *a = addr;
+                    changed
+                });
                 held
             }
             Ok(Err(e)) => {
@@ -130,8 +147,30 @@ pub async fn release(client: Client, cfg: &LeaseConfig) {
     }
 }
 
-/// One round: Ok(true) when this replica holds the lease afterwards.
-async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+/// The holder's load-report address on a Lease.
+fn address_of(lease: &Lease) -> Option<String> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ADDRESS_ANNOTATION)
+        .filter(|a| !a.is_empty())
+        .cloned()
+}
+
+/// This replica's address as its Lease annotations.
+fn annotations(cfg: &LeaseConfig) -> Option<std::collections::BTreeMap<String, String>> {
+    cfg.advertise
+        .as_ref()
+        .map(|a| std::collections::BTreeMap::from([(ADDRESS_ANNOTATION.to_string(), a.clone())]))
+}
+
+/// One round: whether this replica holds the lease afterwards, and the
+/// holder's load-report address.
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+) -> Result<(bool, Option<String>), kube::Error> {
     let now = Timestamp::now();
     let duration_secs = cfg.duration.as_secs().max(1) as i32;
     let Some(mut lease) = api.get_opt(&cfg.name).await? else {
@@ -139,6 +178,7 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<boo
             metadata: ObjectMeta {
                 name: Some(cfg.name.clone()),
                 namespace: Some(cfg.namespace.clone()),
+                annotations: annotations(cfg),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -151,11 +191,12 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<boo
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false), // another replica was first
+            Ok(_) => Ok((true, cfg.advertise.clone())),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, None)), // another replica was first
             Err(e) => Err(e),
         };
     };
+    let holder_addr = address_of(&lease);
     let spec = lease.spec.get_or_insert_with(Default::default);
     let mine = spec.holder_identity.as_deref() == Some(cfg.identity.as_str());
     let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
@@ -166,7 +207,7 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<boo
     };
     let free = spec.holder_identity.as_deref().is_none_or(str::is_empty);
     if !mine && !expired && !free {
-        return Ok(false);
+        return Ok((false, holder_addr));
     }
     if !mine {
         spec.holder_identity = Some(cfg.identity.clone());
@@ -175,10 +216,18 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<boo
     }
     spec.lease_duration_seconds = Some(duration_secs);
     spec.renew_time = Some(MicroTime(now));
+    let a = lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    match &cfg.advertise {
+        Some(addr) => a.insert(ADDRESS_ANNOTATION.to_string(), addr.clone()),
+        None => a.remove(ADDRESS_ANNOTATION),
+    };
     // `lease` still carries the resourceVersion read above.
     match api.replace(&cfg.name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Ok(_) => Ok((true, cfg.advertise.clone())),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, None)),
         Err(e) => Err(e),
     }
 }
@@ -200,6 +249,7 @@ mod tests {
             duration: Duration::from_secs(15),
             retry: Duration::from_secs(2),
             renew_deadline: Duration::from_secs(10),
+            advertise: Some("http://10.0.0.1:15010".into()),
         }
     }
 
@@ -233,11 +283,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_whose_renewal_hangs_steps_down_at_the_renew_deadline() {
         let (tx, mut rx) = watch::channel(false);
+        let (addr_tx, addr) = watch::channel(None);
         let start = tokio::time::Instant::now();
-        tokio::spawn(run(api_that_hangs_after(2), cfg(), tx));
+        tokio::spawn(run(api_that_hangs_after(2), cfg(), tx, addr_tx));
         rx.wait_for(|l| *l).await.expect("elected");
         let elected = start.elapsed();
         assert!(elected < Duration::from_millis(10), "{elected:?}");
+        assert_eq!(addr.borrow().as_deref(), Some("http://10.0.0.1:15010"));
         // The next renewal (at 2 s) hangs: leadership ends 10 s after the
         // last renewal, well before the 15 s lease could pass to another.
         rx.wait_for(|l| !*l).await.expect("stepped down");
