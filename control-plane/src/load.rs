@@ -493,8 +493,11 @@ impl Session for LoadSession {
             if !req.cluster_stats.is_empty() {
                 let mut passed = req;
                 passed.node = self.node_message.clone();
-                // Full (the leader unreachable): dropped, and counted there.
-                let _ = forward.try_send(passed);
+                // Full (the leader unreachable for a while): dropped; the
+                // leader misses it, the weights it computes hold meanwhile.
+                if forward.try_send(passed).is_err() {
+                    debug!(node = self.node, "load report not passed to the leader: queue full");
+                }
             }
         }
         Ok(())

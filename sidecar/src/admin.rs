@@ -112,6 +112,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                     json!({
                         "address": e.addr.to_string(),
                         "pod": e.pod,
+                        "weight": c.weights.get(&e.addr),
                         "active": e.active(),
                         "connections": e.pool().open_connections(),
                         "failing": e.is_failing(),

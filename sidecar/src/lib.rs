@@ -298,6 +298,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             rule: String::new(),
             protocol: args.app_protocol,
             local_app: true,
+            weights: std::collections::HashMap::from([(app, 1)]),
         });
         let table = Routing::only(app_cluster);
         let in_proxy = Arc::new(Proxy {

@@ -94,6 +94,8 @@ pub struct ClusterHandle {
     /// The inbound listener's cluster: its one endpoint is the pod's own
     /// app, whose responses may not claim to be minimesh's own.
     pub local_app: bool,
+    /// Each endpoint's weight as assigned (what `/debug/config` shows).
+    pub weights: std::collections::HashMap<SocketAddr, u32>,
 }
 
 impl ClusterHandle {
@@ -398,6 +400,7 @@ impl Resources {
                 healthy
             };
             let mut eps = Vec::with_capacity(chosen.len());
+            let mut weights = std::collections::HashMap::with_capacity(chosen.len());
             let mut in_zone = Vec::with_capacity(chosen.len());
             for e in chosen {
                 let Ok(addr) = e.address.parse::<SocketAddr>() else {
@@ -412,6 +415,7 @@ impl Resources {
                     }
                 });
                 kept.insert(addr, state.clone());
+                weights.insert(addr, e.weight.max(1));
                 eps.push((state, e.weight.max(1)));
                 in_zone.push(!zone.is_empty() && e.zone == zone);
             }
@@ -479,6 +483,7 @@ impl Resources {
                 protocol: UpstreamProtocol::try_from(c.upstream_protocol)
                     .unwrap_or(UpstreamProtocol::Http1),
                 local_app: false,
+                weights,
             });
             built.push((
                 name.clone(),

@@ -157,6 +157,23 @@ fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
         .collect()
 }
 
+/// The same, from a sidecar's /debug/config.
+fn sidecar_weights(config: &serde_json::Value, net: &Net) -> Vec<u64> {
+    let eps = config["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    (1..=3)
+        .map(|h| {
+            let a = net.addr(h, 9090).to_string();
+            eps.iter()
+                .find(|e| e["address"] == a.as_str())
+                .and_then(|e| e["weight"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_aware_weights_come_from_every_report_and_are_the_same_on_every_replica() {
     let net = Net::new(115);
@@ -201,6 +218,8 @@ async fn load_aware_weights_come_from_every_report_and_are_the_same_on_every_rep
     // Load only through a sidecar of the follower: the leader sees it only
     // through the reports the follower passes on.
     let _sc = net.sidecar_of(101, net.addr(253, 15010), &[]).await;
+    // And a sidecar of the leader's, which sends nothing.
+    let _idle = net.sidecar_of(100, net.addr(254, 15010), &[]).await;
     let load = Background::start(net.addr(101, 15001), "backend", 60);
     let start = tokio::time::Instant::now();
     let (mut w0, mut w1) = (vec![], vec![]);
@@ -227,6 +246,25 @@ async fn load_aware_weights_come_from_every_report_and_are_the_same_on_every_rep
         "leader {w0:?}, follower {w1:?} (never both ordered by capacity and equal)\n{}",
         cp1.log_text()
     );
+    // What each replica pushes is what its sidecars balance with: the
+    // sidecars of both hold the leader's current weights.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = weights(
+            &get_json(net.addr(254, 15014), "/debug/endpoints").await,
+            &net,
+        );
+        let a = sidecar_weights(&get_json(net.addr(100, 15000), "/debug/config").await, &net);
+        let b = sidecar_weights(&get_json(net.addr(101, 15000), "/debug/config").await, &net);
+        if a == now && b == now {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leader {now:?}, its sidecar {a:?}, the follower's sidecar {b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The leader counted the follower's sidecar's requests.
     let view = get_json(net.addr(254, 15014), "/debug/load").await;
     let seen: u64 = (1..=3)
