@@ -53,6 +53,12 @@ else
   kind create cluster --config deploy/kind/cluster.yaml --name "$CLUSTER" --wait 120s
 fi
 kubectl config use-context "kind-$CLUSTER" >/dev/null
+# Injected sidecars are native sidecars (init containers that keep running).
+minor="$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p')"
+if [ "${minor:-0}" -lt 29 ]; then
+  echo "quickstart: the cluster runs Kubernetes 1.${minor:-?}; injected sidecars are native sidecars, which need 1.29 or later (kind 0.22 or later)" >&2
+  exit 1
+fi
 
 step "building $IMAGE (deploy/Dockerfile) and loading it into the cluster"
 # Docker's containerd image store adds provenance attestations that kind
