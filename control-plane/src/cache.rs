@@ -26,6 +26,20 @@ pub struct Entry {
     /// whose client ACKed generation `g` lacks exactly the entries with
     /// `changed > g` (and has entries since removed).
     pub changed: u64,
+    /// The namespaces whose proxies may see it (its Service's `exportTo`);
+    /// None: every proxy.
+    pub visible: Option<Arc<[String]>>,
+}
+
+impl Entry {
+    /// Whether a proxy of `namespace` (None: unknown) may see this.
+    pub fn visible_to(&self, namespace: Option<&str>) -> bool {
+        match (&self.visible, namespace) {
+            (None, _) => true,
+            (Some(to), Some(ns)) => to.iter().any(|n| n == ns),
+            (Some(_), None) => false,
+        }
+    }
 }
 
 /// Every resource of one type.
@@ -35,6 +49,27 @@ pub struct TypeSnapshot {
     pub version: String,
     /// Resources by name.
     pub resources: BTreeMap<String, Arc<Entry>>,
+    /// Some resource is visible to some namespaces only: a stream's view
+    /// of the set has a version of its own.
+    pub restricted: bool,
+}
+
+impl TypeSnapshot {
+    /// The version of what a proxy of `namespace` sees of this type.
+    pub fn version_for(&self, namespace: Option<&str>) -> String {
+        if !self.restricted {
+            return self.version.clone();
+        }
+        let mut set = Vec::new();
+        for (name, e) in &self.resources {
+            if e.visible_to(namespace) {
+                set.extend_from_slice(name.as_bytes());
+                set.push(0);
+                set.extend_from_slice(e.version.as_bytes());
+            }
+        }
+        fnv(&set)
+    }
 }
 
 /// Every resource of every type, immutable once published.
@@ -130,13 +165,33 @@ impl Cache {
         for t in ALL_TYPES.into_iter().chain(xds_v3::ALL_TYPES) {
             let prev = old.types.get(t).map(|p| p.as_ref());
             let new_type = match t {
-                CLUSTER_TYPE => build(t, &resources.clusters, prev, generation),
-                ENDPOINTS_TYPE => build(t, &resources.endpoints, prev, generation),
-                ROUTE_TYPE => build(t, &resources.routes, prev, generation),
-                xds_v3::CLUSTER_TYPE => build(t, &v3.clusters, prev, generation),
-                xds_v3::ENDPOINTS_TYPE => build(t, &v3.endpoints, prev, generation),
-                xds_v3::LISTENER_TYPE => build(t, &v3.listeners, prev, generation),
-                xds_v3::ROUTE_CONFIG_TYPE => build(t, &v3.routes, prev, generation),
+                CLUSTER_TYPE => build(
+                    t,
+                    &resources.clusters,
+                    prev,
+                    generation,
+                    &resources.exported,
+                ),
+                ENDPOINTS_TYPE => build(
+                    t,
+                    &resources.endpoints,
+                    prev,
+                    generation,
+                    &resources.exported,
+                ),
+                ROUTE_TYPE => build(t, &resources.routes, prev, generation, &resources.exported),
+                xds_v3::CLUSTER_TYPE => {
+                    build(t, &v3.clusters, prev, generation, &resources.exported)
+                }
+                xds_v3::ENDPOINTS_TYPE => {
+                    build(t, &v3.endpoints, prev, generation, &resources.exported)
+                }
+                xds_v3::LISTENER_TYPE => {
+                    build(t, &v3.listeners, prev, generation, &resources.exported)
+                }
+                xds_v3::ROUTE_CONFIG_TYPE => {
+                    build(t, &v3.routes, prev, generation, &resources.exported)
+                }
                 _ => unreachable!("the type lists name seven types"),
             };
             match old.types.get(t) {
@@ -164,21 +219,33 @@ fn build<M: Message>(
     items: &BTreeMap<String, M>,
     prev: Option<&TypeSnapshot>,
     generation: u64,
+    exported: &BTreeMap<String, Arc<[String]>>,
 ) -> TypeSnapshot {
     let mut resources = BTreeMap::new();
     let mut set = Vec::new();
+    let mut restricted = false;
     for (name, msg) in items {
         let any = to_any(type_url, msg);
         let version = fnv(&any.value);
+        let visible = crate::translate::service_of(name).and_then(|s| exported.get(s).cloned());
         set.extend_from_slice(name.as_bytes());
         set.push(0);
         set.extend_from_slice(version.as_bytes());
+        if let Some(to) = &visible {
+            restricted = true;
+            set.push(1);
+            for ns in to.iter() {
+                set.extend_from_slice(ns.as_bytes());
+                set.push(0);
+            }
+        }
         let entry = match prev.and_then(|p| p.resources.get(name)) {
-            Some(e) if e.version == version => e.clone(),
+            Some(e) if e.version == version && e.visible == visible => e.clone(),
             _ => Arc::new(Entry {
                 version,
                 any,
                 changed: generation,
+                visible,
             }),
         };
         resources.insert(name.clone(), entry);
@@ -186,6 +253,7 @@ fn build<M: Message>(
     TypeSnapshot {
         version: fnv(&set),
         resources,
+        restricted,
     }
 }
 

@@ -496,7 +496,10 @@ impl Session for LoadSession {
                 // Full (the leader unreachable for a while): dropped; the
                 // leader misses it, the weights it computes hold meanwhile.
                 if forward.try_send(passed).is_err() {
-                    debug!(node = self.node, "load report not passed to the leader: queue full");
+                    debug!(
+                        node = self.node,
+                        "load report not passed to the leader: queue full"
+                    );
                 }
             }
         }

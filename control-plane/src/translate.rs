@@ -2,6 +2,7 @@
 //! resources sidecars consume, plus the status of every rule.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use minimesh_proto::v1::{
     self, hash_key, Cluster, ClusterLoadAssignment, Endpoint, HashKey, HealthStatus, LbPolicy,
@@ -23,6 +24,44 @@ pub struct Resources {
     pub endpoints: BTreeMap<String, ClusterLoadAssignment>,
     /// Routes by `service.namespace`.
     pub routes: BTreeMap<String, Route>,
+    /// The namespaces whose proxies may see a service (`service.namespace`),
+    /// from its `networking.istio.io/exportTo` annotation; a service not
+    /// listed is seen by every proxy.
+    pub exported: BTreeMap<String, Arc<[String]>>,
+}
+
+/// The Service annotation that limits which namespaces see it, as Istio's.
+pub const EXPORT_TO: &str = "networking.istio.io/exportTo";
+
+/// The namespaces a Service of `namespace` annotated `exportTo: value` is
+/// visible to: `.` is its own, `*` every one (None), `~` none.
+pub fn export_to(value: &str, namespace: &str) -> Option<Arc<[String]>> {
+    let mut out = Vec::new();
+    for v in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        match v {
+            "*" => return None,
+            "." => out.push(namespace.to_string()),
+            "~" => {}
+            ns => out.push(ns.to_string()),
+        }
+    }
+    out.sort();
+    out.dedup();
+    Some(out.into())
+}
+
+/// The service (`service.namespace`) a resource is about, from its name:
+/// `svc.ns.svc.cluster.local:port`, `svc.ns.svc:port`, `svc.ns:port`, `svc.ns`.
+pub fn service_of(resource: &str) -> Option<&str> {
+    let host = match resource.rsplit_once(':') {
+        Some((h, port)) if port.parse::<u16>().is_ok() => h,
+        _ => resource,
+    };
+    let host = host
+        .strip_suffix(".svc.cluster.local")
+        .or_else(|| host.strip_suffix(".svc"))
+        .unwrap_or(host);
+    (host.split('.').count() == 2).then_some(host)
 }
 
 /// Whether a rule is in force, and why not.
@@ -168,6 +207,12 @@ pub fn translate(
     let mut out = Resources::default();
     let no_rule = rule::Resolved::default();
     for (skey, svc) in &store.services {
+        if let Some(value) = svc.metadata.annotations.get(EXPORT_TO) {
+            if let Some(to) = export_to(value, &skey.namespace) {
+                out.exported
+                    .insert(format!("{}.{}", skey.name, skey.namespace), to);
+            }
+        }
         let slices: Vec<&EndpointSlice> = store
             .slices
             .iter()
@@ -534,6 +579,28 @@ mod tests {
                 [format!("Istio's DestinationRule default/{istio_name} (networking.istio.io) also names service backend.default; this rule is applied and that one is ignored")]
             );
         }
+    }
+
+    #[test]
+    fn export_to_reads_istios_values_and_resource_names_map_to_services() {
+        let to = |v: &str| export_to(v, "shop").map(|t| t.to_vec());
+        assert_eq!(to("*"), None);
+        assert_eq!(to("."), Some(vec!["shop".to_string()]));
+        assert_eq!(to("~"), Some(vec![]));
+        assert_eq!(
+            to("b, ., a"),
+            Some(vec!["a".into(), "b".into(), "shop".into()])
+        );
+        assert_eq!(to("a,*"), None);
+        for name in [
+            "web.shop.svc.cluster.local:80",
+            "web.shop.svc:8080",
+            "web.shop:80",
+            "web.shop",
+        ] {
+            assert_eq!(service_of(name), Some("web.shop"), "{name}");
+        }
+        assert_eq!(service_of("minimesh-outbound"), None);
     }
 
     #[test]

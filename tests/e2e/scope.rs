@@ -117,3 +117,98 @@ async fn watched_namespaces_are_the_only_ones_read() {
         cp.log_text()
     );
 }
+
+/// A sidecar of namespace `ns` at .host, on the net's control plane.
+async fn sidecar_in(net: &Net, host: u8, ns: &str) -> Proc {
+    let args: Vec<String> = [
+        "--xds-addr",
+        &format!("http://{}", net.cp_xds()),
+        "--workload",
+        &format!("client-{host}"),
+        "--namespace",
+        ns,
+        "--outbound",
+        &net.addr(host, 15001).to_string(),
+        "--admin",
+        &net.addr(host, 15000).to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let p = net.spawn(&format!("sidecar-{host}"), "sidecar", &args, &[]);
+    wait_http(net.addr(host, 15000), "/ready").await;
+    p
+}
+
+/// The services (`name.namespace`) a sidecar has clusters for.
+fn services(config: &Value) -> Vec<String> {
+    let mut out: Vec<String> = config["clusters"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, _)| {
+            name.strip_suffix(".svc.cluster.local:80")
+                .map(str::to_string)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_exported_to_some_namespaces_reaches_only_their_sidecars() {
+    let net = Net::new(116);
+    let svc = |name: &str, ns: &str, export: Option<&str>, host: u8| {
+        let annotations = export
+            .map(|e| format!("  annotations:\n    networking.istio.io/exportTo: \"{e}\"\n"))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\n{annotations}spec:\n  ports:\n  - {{name: http, port: 80, targetPort: 9090}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-x\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: http, port: 9090}}]\nendpoints:\n- addresses: [\"{}\"]\n",
+            net.ip(host)
+        )
+    };
+    net.write(
+        "a.yaml",
+        &format!(
+            "{}---\n{}",
+            svc("web", "a", Some("."), 1),
+            svc("api", "a", Some("c, b"), 2)
+        ),
+    );
+    net.write("b.yaml", &svc("web", "b", None, 3));
+    let _cp = net.control_plane().await;
+    let _in_a = sidecar_in(&net, 100, "a").await;
+    let _in_c = sidecar_in(&net, 101, "c").await;
+    let _in_d = sidecar_in(&net, 102, "d").await;
+    let expect = [
+        // api.a is exported to c and b only, not to its own namespace
+        // (that takes "."), as in Istio.
+        (100, vec!["web.a", "web.b"]),
+        (101, vec!["api.a", "web.b"]),
+        (102, vec!["web.b"]),
+    ];
+    for (host, want) in &expect {
+        wait_sidecar(net.addr(*host, 15000), Duration::from_secs(10), |v| {
+            services(v) == *want
+        })
+        .await;
+    }
+    // Exported everywhere: now every sidecar gets it.
+    net.write(
+        "a.yaml",
+        &format!(
+            "{}---\n{}",
+            svc("web", "a", Some("*"), 1),
+            svc("api", "a", Some("c, b"), 2)
+        ),
+    );
+    wait_sidecar(net.addr(102, 15000), Duration::from_secs(10), |v| {
+        services(v) == ["web.a", "web.b"]
+    })
+    .await;
+    // And traffic from a sidecar that may not see a service is not sent there.
+    let (status, _, _) = get(net.addr(102, 15001), "api.a", "/")
+        .await
+        .expect("answer");
+    assert_ne!(status, 200);
+}

@@ -31,6 +31,13 @@ pub struct ObjectMeta {
     /// Labels.
     #[serde(default, deserialize_with = "null_as_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Annotations (a Service's `networking.istio.io/exportTo` is read).
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub annotations: BTreeMap<String, String>,
     /// Bumped by the API server on every spec change; 0 locally.
     #[serde(default)]
     pub generation: Option<i64>,

@@ -123,6 +123,7 @@ impl Discovery {
             },
             types: TypeMap::default(),
             partial_endpoints: false,
+            namespace: None,
         };
         drive(stream, inbound, self.snapshots.clone())
     }
@@ -175,6 +176,9 @@ struct XdsStream<P: Protocol> {
     /// The client keeps endpoint assignments a state-of-the-world response
     /// leaves out ([`PARTIAL_ENDPOINTS`] in its node's features).
     partial_endpoints: bool,
+    /// The client's namespace: what it may see of services exported to
+    /// some namespaces only.
+    namespace: Option<String>,
 }
 
 /// What a stream records of itself, whatever its protocol: its entry in the
@@ -234,6 +238,7 @@ impl<P: Protocol> XdsStream<P> {
         if let Some(node) = node {
             self.ledger.handle.set_node(node);
             self.partial_endpoints = node.client_features.iter().any(|f| f == PARTIAL_ENDPOINTS);
+            self.namespace = Some(node.namespace.clone()).filter(|n| !n.is_empty());
         }
         let t = known_type(type_url, self.served)?;
         Ok((t, !self.types.contains_key(t)))
@@ -380,6 +385,7 @@ impl Protocol for Sotw {
         out: &mut VecDeque<DiscoveryResponse>,
     ) {
         let partial = stream.partial(t);
+        let namespace = stream.namespace.as_deref();
         let Some(state) = stream.types.get_mut(t) else {
             return;
         };
@@ -393,10 +399,10 @@ impl Protocol for Sotw {
         let lacks = |e: &crate::cache::Entry| since.is_none_or(|g| e.changed > g);
         let (version, resources) = match &state.names {
             None => (
-                ts.version.clone(),
+                ts.version_for(namespace),
                 ts.resources
                     .values()
-                    .filter(|e| lacks(e))
+                    .filter(|e| e.visible_to(namespace) && lacks(e))
                     .map(|e| e.any.clone())
                     .collect::<Vec<_>>(),
             ),
@@ -404,7 +410,7 @@ impl Protocol for Sotw {
                 let mut set = Vec::new();
                 let mut out = Vec::new();
                 for n in names {
-                    if let Some(e) = ts.resources.get(n) {
+                    if let Some(e) = ts.resources.get(n).filter(|e| e.visible_to(namespace)) {
                         set.extend_from_slice(n.as_bytes());
                         set.extend_from_slice(e.version.as_bytes());
                         if lacks(e) {
@@ -529,6 +535,7 @@ impl Protocol for Delta {
         always: bool,
         out: &mut VecDeque<DeltaDiscoveryResponse>,
     ) {
+        let namespace = stream.namespace.as_deref();
         let Some(state) = stream.types.get_mut(t) else {
             return;
         };
@@ -536,7 +543,7 @@ impl Protocol for Delta {
         let ts = snap.get(t).unwrap_or(&empty);
         let mut resources = Vec::new();
         for (name, entry) in &ts.resources {
-            if !(state.wildcard || state.names.contains(name)) {
+            if !(state.wildcard || state.names.contains(name)) || !entry.visible_to(namespace) {
                 continue;
             }
             if state.client.get(name) != Some(&entry.version) {
@@ -551,7 +558,10 @@ impl Protocol for Delta {
             .client
             .keys()
             .filter(|n| {
-                !ts.resources.contains_key(*n) || !(state.wildcard || state.names.contains(*n))
+                !ts.resources
+                    .get(*n)
+                    .is_some_and(|e| e.visible_to(namespace))
+                    || !(state.wildcard || state.names.contains(*n))
             })
             .cloned()
             .collect();
@@ -564,8 +574,9 @@ impl Protocol for Delta {
         for n in &removed {
             state.client.remove(n);
         }
-        state.sent_version = Some(ts.version.clone());
-        let nonce = stream.ledger.pushed(t, &ts.version);
+        let version = ts.version_for(namespace);
+        state.sent_version = Some(version.clone());
+        let nonce = stream.ledger.pushed(t, &version);
         state.nonce = Some(nonce.clone());
         if !resources.is_empty() || !removed.is_empty() {
             info!(
@@ -576,7 +587,7 @@ impl Protocol for Delta {
             );
         }
         out.push_back(DeltaDiscoveryResponse {
-            system_version_info: ts.version.clone(),
+            system_version_info: version,
             resources,
             type_url: t.to_string(),
             removed_resources: removed,

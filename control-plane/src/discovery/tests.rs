@@ -313,3 +313,77 @@ async fn next_err<T: std::fmt::Debug>(s: &mut BoxStream<T>) -> Status {
         .expect("an item")
         .expect_err("an error")
 }
+
+/// A proxy of `ns`.
+fn node_in(ns: &str) -> Option<Node> {
+    Some(Node {
+        id: format!("a.{ns}"),
+        namespace: ns.into(),
+        ..Default::default()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn services_exported_to_some_namespaces_reach_only_their_proxies_by_either_protocol() {
+    let names = ["web.a.svc.cluster.local:80", "web.b.svc.cluster.local:80"];
+    let mut r = clusters(LbPolicy::RoundRobin, &names);
+    r.exported
+        .insert("web.a".into(), Arc::from(vec!["a".to_string()]));
+    let m = mesh(r.clone());
+    let cluster_names = |resources: &[minimesh_proto::prost_types::Any]| -> Vec<String> {
+        resources
+            .iter()
+            .map(|a| Cluster::decode(a.value.as_slice()).expect("cluster").name)
+            .collect()
+    };
+
+    // State of the world: a proxy of b gets web.b only; one of a both,
+    // with a version of its own.
+    let (tx_b, mut s_b) = sotw(&m);
+    let (tx_a, mut s_a) = sotw(&m);
+    for (tx, ns) in [(&tx_b, "b"), (&tx_a, "a")] {
+        tx.send(Ok(DiscoveryRequest {
+            node: node_in(ns),
+            type_url: CLUSTER_TYPE.into(),
+            ..Default::default()
+        }))
+        .expect("send");
+    }
+    let (rb, ra) = (next(&mut s_b).await, next(&mut s_a).await);
+    assert_eq!(cluster_names(&rb.resources), [names[1]]);
+    assert_eq!(cluster_names(&ra.resources), names);
+    assert_ne!(rb.version_info, ra.version_info);
+
+    // Delta: the same view; exported everywhere, b gets web.a added, and
+    // once restricted again, removed.
+    let (tx, mut s) = delta(&m);
+    tx.send(Ok(DeltaDiscoveryRequest {
+        node: node_in("b"),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    }))
+    .expect("send");
+    let first = next(&mut s).await;
+    let got: Vec<&str> = first.resources.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(got, [names[1]]);
+    let ack = |resp: &DeltaDiscoveryResponse| {
+        Ok(DeltaDiscoveryRequest {
+            type_url: CLUSTER_TYPE.into(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        })
+    };
+    tx.send(ack(&first)).expect("ack");
+    let mut open = r.clone();
+    open.exported.clear();
+    m.cache.update(&open);
+    let added = next(&mut s).await;
+    let got: Vec<&str> = added.resources.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(got, [names[0]]);
+    assert!(added.removed_resources.is_empty());
+    tx.send(ack(&added)).expect("ack");
+    m.cache.update(&r);
+    let removed = next(&mut s).await;
+    assert!(removed.resources.is_empty());
+    assert_eq!(removed.removed_resources, [names[0]]);
+}
