@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validates minimesh's Kubernetes manifests without a cluster.
 
-Each kustomization (crds, deploy/base, deploy/examples/demo) is built, with
+Each kustomization (crds, deploy/base, deploy/examples/demo, deploy/monitoring) is built, with
 `kubectl kustomize` when kubectl is installed and otherwise with the small
 built-in renderer below (resources, namespace, images: all our
 kustomizations use). Every object it yields, and every file given with
@@ -10,7 +10,9 @@ in --versions (strict: unknown fields are errors) by the `kubernetes-validate`
 package, installed from PyPI when missing. DestinationRules (the rule files
 in examples/rules/ and any in the manifests) are validated against the
 schema of our own CRD in crds/, with unknown fields refused as the API
-server's strict field validation refuses them.
+server's strict field validation refuses them. The Prometheus operator's
+ServiceMonitor and PodMonitor (deploy/monitoring) are checked against a schema
+of the fields they use, written from the operator's API reference.
 
     python3 deploy/validate.py [--versions 1.33,1.37] [--extra FILE ...]
 
@@ -26,7 +28,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KUSTOMIZATIONS = ["crds", "deploy/base", "deploy/examples/demo"]
+KUSTOMIZATIONS = ["crds", "deploy/base", "deploy/examples/demo", "deploy/monitoring"]
 CRD_FILE = "crds/destinationrules.minimesh.io.yaml"
 RULE_FILES = "examples/rules/*.yaml"
 
@@ -98,6 +100,60 @@ def build(directory, yaml):
     return build_builtin(full, yaml), "built-in renderer (kubectl not installed)"
 
 
+# The Prometheus operator's kinds (deploy/monitoring): their CRDs are not
+# bundled here, so the fields our manifests use are checked against the
+# operator's API reference (monitoring.coreos.com/v1), unknown fields refused.
+_SELECTOR = {
+    "type": "object",
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {
+            "type": "object", "required": ["key", "operator"],
+            "properties": {
+                "key": {"type": "string"},
+                "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                "values": {"type": "array", "items": {"type": "string"}},
+            }}},
+    },
+}
+_ENDPOINT = {
+    "type": "object", "required": ["port"],
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "interval": {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"},
+        "scheme": {"enum": ["http", "https"]},
+    },
+}
+_META = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string"}, "namespace": {"type": "string"},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}
+_NAMESPACES = {"type": "object", "properties": {
+    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
+MONITORING = {
+    "ServiceMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+            "metadata": _META,
+            "spec": {"type": "object", "required": ["selector"], "properties": {
+                "selector": _SELECTOR, "namespaceSelector": _NAMESPACES,
+                "endpoints": {"type": "array", "items": _ENDPOINT}}},
+        },
+    },
+    "PodMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"},
+            "metadata": _META,
+            "spec": {"type": "object", "required": ["selector"], "properties": {
+                "selector": _SELECTOR, "namespaceSelector": _NAMESPACES,
+                "podMetricsEndpoints": {"type": "array", "items": _ENDPOINT}}},
+        },
+    },
+}
+
+
 def strict(schema):
     """The schema with unknown fields refused wherever the API server's strict
     field validation (kubectl's default) refuses them: every object that
@@ -151,6 +207,9 @@ def main():
             if obj.get("apiVersion") == rule_group and obj.get("kind") == "DestinationRule":
                 jsonschema.validate(obj, rule_schema)
                 checked = "CRD schema, unknown fields refused"
+            elif obj.get("apiVersion", "").startswith("monitoring.coreos.com/"):
+                jsonschema.validate(obj, strict(MONITORING.get(obj.get("kind"), {"not": {}})))
+                checked = "the Prometheus operator's API reference, unknown fields refused"
             else:
                 for v in args.versions.split(","):
                     kv.validate(obj, v, strict=True)

@@ -61,7 +61,7 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     let bad = dir.join("bad.yaml");
     std::fs::write(
         &bad,
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: two\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers: [{name: c, image: i}]\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: r}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simple: ROUND_ROBBIN}}\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: typo}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simpel: RANDOM}}\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: two\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers: [{name: c, image: i}]\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: r}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simple: ROUND_ROBBIN}}\n---\napiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: typo}\nspec:\n  host: b\n  trafficPolicy: {loadBalancer: {simpel: RANDOM}}\n---\napiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: m}\nspec:\n  selector: {}\n  podMetricEndpoints: [{port: http}]\n",
     )
     .expect("write");
     let (ok, out) = validate(&[&bad]);
@@ -73,6 +73,10 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     );
     assert!(
         out.contains("DestinationRule /r: spec/trafficPolicy/loadBalancer/simple: 'ROUND_ROBBIN' is not one of"),
+        "{out}"
+    );
+    assert!(
+        out.contains("PodMonitor /m: spec: Additional properties are not allowed ('podMetricEndpoints' was unexpected)"),
         "{out}"
     );
     // Unknown fields are refused, as the API server's strict field
@@ -207,6 +211,58 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
         "disabled"
     );
     assert!(injected_pod(gw)["spec"]["initContainers"].is_null());
+
+    // deploy/monitoring's PodMonitor selects every injected pod and the
+    // gateway on a port each names; its ServiceMonitor the control plane's.
+    let monitors = docs("deploy/monitoring/proxies.yaml");
+    let values = &monitors[0]["spec"]["selector"]["matchExpressions"][0]["values"];
+    let ports: Vec<&Value> = monitors[0]["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| &e["port"])
+        .collect();
+    let port_names = |pod: &Value| -> Vec<Value> {
+        ["containers", "initContainers"]
+            .iter()
+            .flat_map(|k| pod["spec"][*k].as_array().cloned().unwrap_or_default())
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .map(|p| p["name"].clone())
+            .collect()
+    };
+    for d in apps
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .chain([gw])
+    {
+        let pod = if d == gw {
+            d["spec"]["template"].clone()
+        } else {
+            injected_pod(d)
+        };
+        let label = &pod["metadata"]["labels"]["minimesh.io/proxy"];
+        assert!(
+            values.as_array().is_some_and(|v| v.contains(label)),
+            "{pod:#}"
+        );
+        assert!(
+            port_names(&pod).iter().any(|p| ports.contains(&p)),
+            "{pod:#}"
+        );
+    }
+    let sm = &docs("deploy/monitoring/control-plane.yaml")[0];
+    let svc = cp.iter().find(|d| d["kind"] == "Service").expect("Service");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        svc["metadata"]["labels"]["app.kubernetes.io/name"]
+    );
+    let svc_ports: Vec<&Value> = svc["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| &p["name"])
+        .collect();
+    assert!(svc_ports.contains(&&sm["spec"]["endpoints"][0]["port"]));
 
     // The injected pod validates strictly against the Kubernetes schemas.
     let dir = std::env::temp_dir().join(format!("minimesh-injected-{}", std::process::id()));

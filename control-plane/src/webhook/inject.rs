@@ -6,8 +6,9 @@
 //! Every app container gets `HTTP_PROXY` pointing at it. The pod's
 //! annotations choose the ports (`minimesh.io/inbound-port`, the Service's
 //! `targetPort`, 9090; `minimesh.io/app-port`, where the app listens on
-//! 127.0.0.1, 8080). A pod that already has a sidecar, or was injected, is
-//! left alone.
+//! 127.0.0.1, 8080). The pod is labelled `minimesh.io/proxy=sidecar` and
+//! annotated `minimesh.io/injected`. A pod that already has a sidecar, or
+//! was injected, is left alone.
 
 use base64::Engine;
 use serde_json::{json, Value};
@@ -16,6 +17,9 @@ use super::review::Verdict;
 
 /// Annotation set on every injected pod.
 pub const INJECTED: &str = "minimesh.io/injected";
+/// Label set on every injected pod (`sidecar`; the demo's gateway carries
+/// `gateway`): what the PodMonitor of `deploy/monitoring` selects.
+pub const PROXY_LABEL: &str = "minimesh.io/proxy";
 /// The sidecar container's name.
 pub const SIDECAR: &str = "minimesh-sidecar";
 /// The sidecar's admin port (readiness, metrics).
@@ -170,6 +174,14 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             Some(_) => {}
         }
     }
+    // What a PodMonitor (deploy/monitoring) selects proxies by.
+    if pod["metadata"]["labels"].is_object() {
+        ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(PROXY_LABEL)), "value": "sidecar"}));
+    } else {
+        ops.push(
+            json!({"op": "add", "path": "/metadata/labels", "value": {PROXY_LABEL: "sidecar"}}),
+        );
+    }
     let mut annotations = vec![(INJECTED, "true".to_string())];
     // Scraped on the sidecar's port unless the pod says otherwise.
     if !pod["metadata"]["annotations"]["prometheus.io/scrape"].is_string() {
@@ -240,9 +252,10 @@ mod tests {
             json!({"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "HTTP_PROXY", "value": "http://127.0.0.1:15001"}})
         );
         assert_eq!(ops[2]["path"], "/spec/containers/1/env");
-        assert_eq!(ops[3]["path"], "/metadata/annotations");
-        assert_eq!(ops[3]["value"][INJECTED], "true");
-        assert_eq!(ops[3]["value"]["prometheus.io/port"], "15000");
+        assert_eq!(ops[3]["path"], "/metadata/labels/minimesh.io~1proxy");
+        assert_eq!(ops[4]["path"], "/metadata/annotations");
+        assert_eq!(ops[4]["value"][INJECTED], "true");
+        assert_eq!(ops[4]["value"]["prometheus.io/port"], "15000");
     }
 
     #[test]
