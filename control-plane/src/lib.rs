@@ -209,6 +209,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             namespaces: args.watch_namespaces.clone(),
             selector: args.namespace_selector.clone(),
         };
+        scope.check(&client).await?;
         tokio::spawn(source::kubernetes::run(client.clone(), scope, tx));
         info!("waiting for the first complete list of rules, Services and EndpointSlices");
         rx.changed()

@@ -562,6 +562,9 @@ impl FakeKube {
             );
         };
         let plural = COLLECTIONS[c].2;
+        if let Some(reason) = query.get("labelSelector").and_then(|l| bad_selector(l)) {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", &reason);
+        }
         match (method, name, sub.as_deref()) {
             (Method::GET, None, _)
                 if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>

@@ -212,3 +212,37 @@ async fn a_service_exported_to_some_namespaces_reaches_only_their_sidecars() {
         .expect("answer");
     assert_ne!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_the_api_server_cannot_parse_stops_the_start_naming_the_flag() {
+    let net = Net::new(117);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    let kubeconfig = net.dir.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig);
+    let args: Vec<String> = [
+        "--source",
+        "kubernetes",
+        "--xds-addr",
+        &net.addr(254, 15010).to_string(),
+        "--admin-addr",
+        &net.addr(254, 15014).to_string(),
+        "--namespace-selector",
+        "team in (a, b",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut cp = net.spawn(
+        "cp",
+        "control-plane",
+        &args,
+        &[("KUBECONFIG", kubeconfig.display().to_string())],
+    );
+    let status = cp.exited(Duration::from_secs(20)).await;
+    assert!(!status.success());
+    let log = cp.log_text();
+    assert!(
+        log.contains("--namespace-selector \"team in (a, b\": unable to parse requirement"),
+        "{log}"
+    );
+}

@@ -83,6 +83,34 @@ pub struct Scope {
     pub selector: Option<String>,
 }
 
+impl Scope {
+    /// Refuses, at start, a selector the API server cannot parse (rather
+    /// than a watch that fails forever) and an empty namespace list.
+    pub async fn check(&self, client: &Client) -> anyhow::Result<()> {
+        if self
+            .namespaces
+            .as_ref()
+            .is_some_and(|n| n.iter().any(String::is_empty))
+        {
+            anyhow::bail!("--watch-namespaces: an empty namespace name");
+        }
+        let Some(selector) = &self.selector else {
+            return Ok(());
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &namespaces());
+        match api
+            .list_metadata(&ListParams::default().labels(selector).limit(1))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 400 => {
+                anyhow::bail!("--namespace-selector {selector:?}: {}", s.message)
+            }
+            // Anything else (forbidden, unreachable) is the watch's to retry and log.
+            _ => Ok(()),
+        }
+    }
+}
+
 /// One watch: a kind, in one namespace or all.
 #[derive(Clone, Debug)]
 struct Source {

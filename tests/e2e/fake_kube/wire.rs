@@ -322,3 +322,23 @@ pub fn label_match(selector: &str, labels: &Value) -> bool {
             }
         })
 }
+
+/// Why the API server would refuse a label selector, if it would: an
+/// unbalanced parenthesis or a term with no key.
+pub fn bad_selector(selector: &str) -> Option<String> {
+    let open = selector.matches('(').count();
+    if open != selector.matches(')').count() {
+        return Some(format!(
+            "unable to parse requirement: found '{}', expected: ')'",
+            selector.trim()
+        ));
+    }
+    if open == 0
+        && selector
+            .split(',')
+            .any(|t| t.trim().trim_start_matches('!').is_empty())
+    {
+        return Some("unable to parse requirement: found '', expected: identifier".into());
+    }
+    None
+}
