@@ -369,3 +369,65 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
     let (ok, out) = crate::deploy::validate(&[&file]);
     assert!(ok, "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cert_managers_certificate_the_webhook_serves_it_and_writes_nothing() {
+    use base64::Engine;
+    let net = Net::new(118);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    // What cert-manager leaves: the Certificate's Secret mounted as files,
+    // and the CA injected into the configuration.
+    let names = minimesh_control_plane::webhook::certs::names("minimesh-control-plane", CP_NS);
+    let tls = minimesh_control_plane::webhook::certs::generate(&names).expect("certificate");
+    let dir = net.dir.join("webhook-tls");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("tls.crt"), &tls.cert).expect("write");
+    std::fs::write(dir.join("tls.key"), &tls.key).expect("write");
+    for mut c in shipped("deploy/base/webhook.yaml", "ValidatingWebhookConfiguration") {
+        c["webhooks"][0]["clientConfig"]["caBundle"] = base64::engine::general_purpose::STANDARD
+            .encode(&tls.ca)
+            .into();
+        fake.apply(c);
+    }
+    let before = fake
+        .get(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+            "",
+            "minimesh-validator",
+        )
+        .expect("configuration");
+    fake.route_service(CP_NS, "minimesh-control-plane", net.addr(254, 15017));
+    let webhook = net.addr(254, 15017).to_string();
+    let tls_dir = dir.display().to_string();
+    let _cp = control_plane(
+        &net,
+        &fake,
+        "cp-0",
+        254,
+        &["--webhook-addr", &webhook, "--webhook-tls-dir", &tls_dir],
+    )
+    .await;
+    let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(BAD)).await;
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("admission webhook \"validation.minimesh.io\" denied the request: spec.trafficPolicy.loadBalancer.simple: "),
+        "{err}"
+    );
+    // No Secret made, the configuration as cert-manager left it.
+    assert!(fake
+        .get("v1", "Secret", CP_NS, "minimesh-webhook-tls")
+        .is_none());
+    let after = fake
+        .get(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+            "",
+            "minimesh-validator",
+        )
+        .expect("configuration");
+    assert_eq!(
+        before["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+}
