@@ -52,6 +52,41 @@ struct Second {
 struct EndpointLoad {
     seconds: VecDeque<Second>,
     in_flight: BTreeMap<u64, (u64, Instant)>,
+    /// Each reporter's own counts over the window, by its number: what
+    /// LOAD_AWARE's robust inputs are taken from ([`Aggregator::endpoint_stats`]).
+    by_reporter: BTreeMap<u64, VecDeque<Counted>>,
+}
+
+/// One reporter's counts for one endpoint in one second.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counted {
+    second: u64,
+    succeeded: u64,
+    failed: u64,
+    latency_sum_ms: f64,
+    latency_count: u64,
+}
+
+/// A reporter's mean latency and success ratio for an endpoint count in
+/// the robust view once they rest on this many requests in the window.
+pub const MIN_REPORTER_SAMPLES: u64 = 5;
+/// With at least this many such reporters, an endpoint's latency and
+/// success ratio are their medians; with fewer, the pooled figures (two
+/// reporters cannot outvote one another).
+pub const MIN_REPORTERS_FOR_MEDIAN: usize = 3;
+
+/// The median of `v` (empty: None).
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
 }
 
 /// What the aggregator keeps of one reporter (node).
@@ -205,6 +240,22 @@ impl Aggregator {
                     s.latency
                         .add(e.latency_first_bucket as usize, &e.latency_buckets);
                 }
+                let mine = ep.by_reporter.entry(id).or_default();
+                if mine.back().is_none_or(|c| c.second != second) {
+                    mine.push_back(Counted {
+                        second,
+                        ..Default::default()
+                    });
+                    while mine.len() as u64 > self.window_secs() + 1 {
+                        mine.pop_front();
+                    }
+                }
+                if let Some(c) = mine.back_mut() {
+                    c.succeeded += e.requests_succeeded;
+                    c.failed += e.requests_failed;
+                    c.latency_sum_ms += e.latency_sum_ms;
+                    c.latency_count += e.latency_count;
+                }
                 ep.in_flight.insert(id, (e.requests_in_progress, now));
             }
         }
@@ -230,6 +281,8 @@ impl Aggregator {
             cluster.retain(|_, ep| {
                 ep.in_flight
                     .retain(|_, (_, at)| now.duration_since(*at) <= self.window);
+                let reporting = &ep.in_flight;
+                ep.by_reporter.retain(|id, _| reporting.contains_key(id));
                 !ep.in_flight.is_empty()
             });
             !cluster.is_empty()
@@ -253,11 +306,7 @@ impl Aggregator {
             in_flight: 0,
             reporters: 0,
         };
-        for s in ep
-            .seconds
-            .iter()
-            .filter(|s| s.second > oldest || (s.second == oldest && oldest == 0))
-        {
+        for s in ep.seconds.iter().filter(|s| in_window(s.second, oldest)) {
             t.issued += s.issued;
             t.succeeded += s.succeeded;
             t.failed += s.failed;
@@ -276,24 +325,56 @@ impl Aggregator {
 
     /// Per endpoint of `cluster` over the last `secs` seconds (at most the
     /// window): (requests, success ratio, mean latency in ms) — the inputs of
-    /// LOAD_AWARE weights.
+    /// LOAD_AWARE weights. Requests are pooled; the success ratio and the
+    /// latency are the medians of the reporters' own (each resting on at
+    /// least [`MIN_REPORTER_SAMPLES`] requests) once there are
+    /// [`MIN_REPORTERS_FOR_MEDIAN`] of them, so that reporters that are
+    /// fewer than half cannot move them outside what the others report; the
+    /// pooled figures with fewer.
     pub fn endpoint_stats(&self, cluster: &str, secs: u64) -> BTreeMap<String, (u64, f64, f64)> {
         let now = Instant::now();
+        let oldest = now
+            .duration_since(self.start)
+            .as_secs()
+            .saturating_sub(secs.min(self.window_secs()));
         let endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = BTreeMap::new();
         for (ep, load) in endpoints.get(cluster).into_iter().flatten() {
             let t = self.totals_over(load, now, secs);
             let done = t.succeeded + t.failed;
-            let success = if done > 0 {
+            let mut success = if done > 0 {
                 t.succeeded as f64 / done as f64
             } else {
                 1.0
             };
-            let mean = if t.latency_count > 0 {
+            let mut mean = if t.latency_count > 0 {
                 t.latency_sum_ms / t.latency_count as f64
             } else {
                 0.0
             };
+            let (mut means, mut successes) = (Vec::new(), Vec::new());
+            for seconds in load.by_reporter.values() {
+                let mut c = Counted::default();
+                for s in seconds.iter().filter(|s| in_window(s.second, oldest)) {
+                    c.succeeded += s.succeeded;
+                    c.failed += s.failed;
+                    c.latency_sum_ms += s.latency_sum_ms;
+                    c.latency_count += s.latency_count;
+                }
+                if c.latency_count >= MIN_REPORTER_SAMPLES {
+                    means.push(c.latency_sum_ms / c.latency_count as f64);
+                }
+                let done = c.succeeded + c.failed;
+                if done >= MIN_REPORTER_SAMPLES {
+                    successes.push(c.succeeded as f64 / done as f64);
+                }
+            }
+            if means.len() >= MIN_REPORTERS_FOR_MEDIAN {
+                mean = median(&mut means).unwrap_or(mean);
+            }
+            if successes.len() >= MIN_REPORTERS_FOR_MEDIAN {
+                success = median(&mut successes).unwrap_or(success);
+            }
             out.insert(ep.clone(), (t.issued, success, mean));
         }
         out
@@ -371,6 +452,13 @@ fn quantile(latency: &Span, q: f64) -> Value {
         Some(us) => json!((us / 1000.0 * 1000.0).round() / 1000.0),
         None => Value::Null,
     }
+}
+
+/// Whether second `s` (since the aggregator's start) is in a window whose
+/// oldest second is `oldest` (the first second belongs while it is the
+/// oldest there is).
+fn in_window(s: u64, oldest: u64) -> bool {
+    s > oldest || (s == oldest && oldest == 0)
 }
 
 /// The load-report service.

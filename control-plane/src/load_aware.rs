@@ -252,6 +252,70 @@ mod tests {
         }
     }
 
+    /// One report of `requests` per endpoint at `latency_ms[i]` each.
+    fn flat(latency_ms: &[f64], requests: u64) -> LoadStatsRequest {
+        let endpoint_stats = latency_ms
+            .iter()
+            .enumerate()
+            .map(|(i, l)| EndpointStats {
+                address: format!("10.0.0.{i}:9090"),
+                requests_issued: requests,
+                requests_succeeded: requests,
+                latency_sum_ms: requests as f64 * l,
+                latency_count: requests,
+                ..Default::default()
+            })
+            .collect();
+        LoadStatsRequest {
+            node: None,
+            cluster_stats: vec![ClusterStats {
+                cluster_name: CLUSTER.into(),
+                endpoint_stats,
+                load_report_interval_ms: 1000,
+            }],
+        }
+    }
+
+    /// Weights after `steps` control steps of 10 honest sidecars reporting
+    /// every endpoint at 50 ms, and `rogues` reporting endpoint 0 at 100
+    /// times that (and as many requests again).
+    fn under(rogues: usize, steps: usize) -> Vec<u32> {
+        let eps: Vec<String> = (0..3).map(|i| format!("10.0.0.{i}:9090")).collect();
+        let mut weights: Option<BTreeMap<String, u32>> = None;
+        for _ in 0..steps {
+            let agg = Aggregator::new(Duration::from_secs(10));
+            for n in 0..10 {
+                agg.add(&format!("honest-{n}"), &flat(&[50.0, 50.0, 50.0], 10));
+            }
+            for n in 0..rogues {
+                agg.add(&format!("rogue-{n}"), &flat(&[5000.0, 50.0, 50.0], 100));
+            }
+            weights = Some(next_weights(&agg, CLUSTER, &eps, weights.as_ref()));
+        }
+        weights
+            .map(|w| eps.iter().map(|e| w[e]).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_rogue_reporter_among_honest_ones_cannot_move_a_weight() {
+        // The stated bound (README, "LOAD_AWARE"): with three or more
+        // reporters on an endpoint, fewer than half of them move its
+        // inputs no further than the honest ones' own spread: here none,
+        // so its weight stays at the mean, step after step.
+        let honest = under(0, 10);
+        let attacked = under(1, 10);
+        assert_eq!(honest, [1000, 1000, 1000]);
+        for (a, h) in attacked.iter().zip(&honest) {
+            let moved = (f64::from(*a) - f64::from(*h)).abs() / f64::from(*h);
+            assert!(moved <= 0.05, "{attacked:?} against {honest:?}");
+        }
+        // Four rogues of fourteen still cannot; a pooled mean would have
+        // halved endpoint 0's weight at every step (to 1%).
+        let attacked = under(4, 10);
+        assert!(attacked[0] >= 950, "{attacked:?}");
+    }
+
     #[test]
     fn weights_are_published_when_one_moves_past_the_dead_band() {
         let w = |v: &[(&str, u32)]| -> BTreeMap<String, u32> {
