@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod discovery;
+pub mod fuzz;
 pub mod grpc;
 pub mod load;
 pub mod load_aware;
