@@ -62,7 +62,6 @@ pub fn check(data: &[u8]) {
                     sequence: b.u16(),
                     latency_first_bucket: u32::from(b.u8()),
                     latency_buckets: (0..b.u8() % 8).map(|_| b.u16()).collect(),
-                    ..Default::default()
                 }
             })
             .collect();
