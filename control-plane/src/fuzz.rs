@@ -2,6 +2,7 @@
 //! (`fuzz/fuzz_targets/`) and of the tests that replay their corpora. Not
 //! part of the control plane's interface.
 
+pub mod discovery;
 pub mod load_reports;
 pub mod rule_yaml;
 
