@@ -3,7 +3,8 @@
 //! labelled so). The sidecar is added as a native sidecar (an init
 //! container with `restartPolicy: Always`, Kubernetes ≥ 1.29): it starts,
 //! and is listening, before the app's containers and stops after them.
-//! Every app container gets `HTTP_PROXY` pointing at it. The pod's
+//! Every app container gets `HTTP_PROXY` pointing at it (and `NO_PROXY` for
+//! its loopback). The pod's
 //! annotations choose the ports (`minimesh.io/inbound-port`, the Service's
 //! `targetPort`, 9090; `minimesh.io/app-port`, where the app listens on
 //! 127.0.0.1, 8080). The pod is labelled `minimesh.io/proxy=sidecar` and
@@ -157,21 +158,36 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     } else {
         ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar]}));
     }
-    let proxy = env("HTTP_PROXY", format!("http://{OUTBOUND}"));
+    // Plain-HTTP calls go through the sidecar; the pod's own loopback does
+    // not (unless the container sets either variable itself).
+    let vars = [
+        env("HTTP_PROXY", format!("http://{OUTBOUND}")),
+        env("NO_PROXY", "localhost,127.0.0.1".into()),
+    ];
     for (i, c) in spec["containers"]
         .as_array()
         .into_iter()
         .flatten()
         .enumerate()
     {
-        match c["env"].as_array() {
-            None => ops.push(
-                json!({"op": "add", "path": format!("/spec/containers/{i}/env"), "value": [proxy]}),
-            ),
-            Some(vars) if !vars.iter().any(|e| e["name"] == "HTTP_PROXY") => ops.push(
-                json!({"op": "add", "path": format!("/spec/containers/{i}/env/-"), "value": proxy}),
-            ),
-            Some(_) => {}
+        let missing: Vec<&Value> = vars
+            .iter()
+            .filter(|v| {
+                c["env"]
+                    .as_array()
+                    .is_none_or(|set| !set.iter().any(|e| e["name"] == v["name"]))
+            })
+            .collect();
+        if c["env"].as_array().is_none() {
+            ops.push(
+                json!({"op": "add", "path": format!("/spec/containers/{i}/env"), "value": missing}),
+            );
+        } else {
+            for v in missing {
+                ops.push(
+                    json!({"op": "add", "path": format!("/spec/containers/{i}/env/-"), "value": v}),
+                );
+            }
         }
     }
     // What a PodMonitor (deploy/monitoring) selects proxies by.
@@ -251,11 +267,16 @@ mod tests {
             ops[1],
             json!({"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "HTTP_PROXY", "value": "http://127.0.0.1:15001"}})
         );
-        assert_eq!(ops[2]["path"], "/spec/containers/1/env");
-        assert_eq!(ops[3]["path"], "/metadata/labels/minimesh.io~1proxy");
-        assert_eq!(ops[4]["path"], "/metadata/annotations");
-        assert_eq!(ops[4]["value"][INJECTED], "true");
-        assert_eq!(ops[4]["value"]["prometheus.io/port"], "15000");
+        assert_eq!(
+            ops[2],
+            json!({"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "NO_PROXY", "value": "localhost,127.0.0.1"}})
+        );
+        assert_eq!(ops[3]["path"], "/spec/containers/1/env");
+        assert_eq!(ops[3]["value"].as_array().map(Vec::len), Some(2));
+        assert_eq!(ops[4]["path"], "/metadata/labels/minimesh.io~1proxy");
+        assert_eq!(ops[5]["path"], "/metadata/annotations");
+        assert_eq!(ops[5]["value"][INJECTED], "true");
+        assert_eq!(ops[5]["value"]["prometheus.io/port"], "15000");
     }
 
     #[test]
