@@ -18,6 +18,10 @@ use crate::discovery::session::{drive, BoxStream, Session};
 
 pub mod metrics;
 pub mod replicas;
+mod robust;
+
+use robust::Counted;
+pub use robust::{MIN_REPORTERS_FOR_MEDIAN, MIN_REPORTER_SAMPLES};
 
 /// How long a reporter's highest sequence is kept after its last report: far longer than any reconnect that could send a
 /// report again, and short enough that reporters and endpoints that are gone
@@ -55,38 +59,6 @@ struct EndpointLoad {
     /// Each reporter's own counts over the window, by its number: what
     /// LOAD_AWARE's robust inputs are taken from ([`Aggregator::endpoint_stats`]).
     by_reporter: BTreeMap<u64, VecDeque<Counted>>,
-}
-
-/// One reporter's counts for one endpoint in one second.
-#[derive(Clone, Copy, Debug, Default)]
-struct Counted {
-    second: u64,
-    succeeded: u64,
-    failed: u64,
-    latency_sum_ms: f64,
-    latency_count: u64,
-}
-
-/// A reporter's mean latency and success ratio for an endpoint count in
-/// the robust view once they rest on this many requests in the window.
-pub const MIN_REPORTER_SAMPLES: u64 = 5;
-/// With at least this many such reporters, an endpoint's latency and
-/// success ratio are their medians; with fewer, the pooled figures (two
-/// reporters cannot outvote one another).
-pub const MIN_REPORTERS_FOR_MEDIAN: usize = 3;
-
-/// The median of `v` (empty: None).
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
 }
 
 /// What the aggregator keeps of one reporter (node).
@@ -342,39 +314,19 @@ impl Aggregator {
         for (ep, load) in endpoints.get(cluster).into_iter().flatten() {
             let t = self.totals_over(load, now, secs);
             let done = t.succeeded + t.failed;
-            let mut success = if done > 0 {
+            let success = if done > 0 {
                 t.succeeded as f64 / done as f64
             } else {
                 1.0
             };
-            let mut mean = if t.latency_count > 0 {
+            let mean = if t.latency_count > 0 {
                 t.latency_sum_ms / t.latency_count as f64
             } else {
                 0.0
             };
-            let (mut means, mut successes) = (Vec::new(), Vec::new());
-            for seconds in load.by_reporter.values() {
-                let mut c = Counted::default();
-                for s in seconds.iter().filter(|s| in_window(s.second, oldest)) {
-                    c.succeeded += s.succeeded;
-                    c.failed += s.failed;
-                    c.latency_sum_ms += s.latency_sum_ms;
-                    c.latency_count += s.latency_count;
-                }
-                if c.latency_count >= MIN_REPORTER_SAMPLES {
-                    means.push(c.latency_sum_ms / c.latency_count as f64);
-                }
-                let done = c.succeeded + c.failed;
-                if done >= MIN_REPORTER_SAMPLES {
-                    successes.push(c.succeeded as f64 / done as f64);
-                }
-            }
-            if means.len() >= MIN_REPORTERS_FOR_MEDIAN {
-                mean = median(&mut means).unwrap_or(mean);
-            }
-            if successes.len() >= MIN_REPORTERS_FOR_MEDIAN {
-                success = median(&mut successes).unwrap_or(success);
-            }
+            let (median_mean, median_success) = robust::medians(&load.by_reporter, oldest);
+            let mean = median_mean.unwrap_or(mean);
+            let success = median_success.unwrap_or(success);
             out.insert(ep.clone(), (t.issued, success, mean));
         }
         out
@@ -457,7 +409,7 @@ fn quantile(latency: &Span, q: f64) -> Value {
 /// Whether second `s` (since the aggregator's start) is in a window whose
 /// oldest second is `oldest` (the first second belongs while it is the
 /// oldest there is).
-fn in_window(s: u64, oldest: u64) -> bool {
+pub(crate) fn in_window(s: u64, oldest: u64) -> bool {
     s > oldest || (s == oldest && oldest == 0)
 }
 

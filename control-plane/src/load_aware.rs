@@ -176,6 +176,18 @@ mod tests {
 
     const CLUSTER: &str = "backend.default.svc.cluster.local:80";
 
+    /// A report on `CLUSTER` of these endpoints.
+    fn request(endpoint_stats: Vec<EndpointStats>) -> LoadStatsRequest {
+        LoadStatsRequest {
+            node: None,
+            cluster_stats: vec![ClusterStats {
+                cluster_name: CLUSTER.into(),
+                endpoint_stats,
+                load_report_interval_ms: 1000,
+            }],
+        }
+    }
+
     /// One second of a fluid model of closed-loop clients over replicas
     /// (capacity in requests/s, base latency in ms): weighted P2C keeps
     /// requests in flight proportional to weight; a replica's latency is
@@ -197,14 +209,7 @@ mod tests {
                 }
             })
             .collect();
-        LoadStatsRequest {
-            node: None,
-            cluster_stats: vec![ClusterStats {
-                cluster_name: CLUSTER.into(),
-                endpoint_stats,
-                load_report_interval_ms: 1000,
-            }],
-        }
+        request(endpoint_stats)
     }
 
     #[test]
@@ -266,14 +271,7 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        LoadStatsRequest {
-            node: None,
-            cluster_stats: vec![ClusterStats {
-                cluster_name: CLUSTER.into(),
-                endpoint_stats,
-                load_report_interval_ms: 1000,
-            }],
-        }
+        request(endpoint_stats)
     }
 
     /// Weights after `steps` control steps of 10 honest sidecars reporting

@@ -620,6 +620,22 @@ pub fn policy_of(v: &serde_json::Value, service: &str) -> String {
         .to_string()
 }
 
+/// The weights of `backend`'s endpoints on hosts 1, 2 and 3 (0 for one not
+/// listed), from a cluster entry of a control plane's /debug/endpoints or a
+/// sidecar's /debug/config (both list `endpoints` with `address` and `weight`).
+pub fn backend_weights(cluster: &serde_json::Value, net: &Net) -> Vec<u64> {
+    let eps = cluster["endpoints"].as_array().cloned().unwrap_or_default();
+    (1..=3)
+        .map(|h| {
+            let a = net.addr(h, 9090).to_string();
+            eps.iter()
+                .find(|e| e["address"] == a.as_str())
+                .and_then(|e| e["weight"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
 /// Endpoint addresses of `service` in a sidecar's /debug/config.
 pub fn endpoints_of(v: &serde_json::Value, service: &str) -> Vec<String> {
     v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["endpoints"]

@@ -158,19 +158,7 @@ async fn absurd_reports_are_dropped_and_logged() {
 }
 
 fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
-    let eps = endpoints["backend.default.svc.cluster.local:80"]["endpoints"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    (1..=3)
-        .map(|h| {
-            let a = net.addr(h, 9090).to_string();
-            eps.iter()
-                .find(|e| e["address"] == a.as_str())
-                .and_then(|e| e["weight"].as_u64())
-                .unwrap_or(0)
-        })
-        .collect()
+    backend_weights(&endpoints["backend.default.svc.cluster.local:80"], net)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

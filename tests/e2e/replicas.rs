@@ -139,39 +139,17 @@ async fn a_replica_started_after_an_invalid_rule_serves_the_last_good_one_like_t
     );
 }
 
-/// Endpoint weights of `backend` in a control plane's /debug/endpoints,
-/// for hosts 1, 2, 3.
+/// Endpoint weights of `backend` in a control plane's /debug/endpoints.
 fn weights(endpoints: &serde_json::Value, net: &Net) -> Vec<u64> {
-    let eps = endpoints["backend.default.svc.cluster.local:80"]["endpoints"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    (1..=3)
-        .map(|h| {
-            let a = net.addr(h, 9090).to_string();
-            eps.iter()
-                .find(|e| e["address"] == a.as_str())
-                .and_then(|e| e["weight"].as_u64())
-                .unwrap_or(0)
-        })
-        .collect()
+    backend_weights(&endpoints["backend.default.svc.cluster.local:80"], net)
 }
 
 /// The same, from a sidecar's /debug/config.
 fn sidecar_weights(config: &serde_json::Value, net: &Net) -> Vec<u64> {
-    let eps = config["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    (1..=3)
-        .map(|h| {
-            let a = net.addr(h, 9090).to_string();
-            eps.iter()
-                .find(|e| e["address"] == a.as_str())
-                .and_then(|e| e["weight"].as_u64())
-                .unwrap_or(0)
-        })
-        .collect()
+    backend_weights(
+        &config["clusters"]["backend.default.svc.cluster.local:80"],
+        net,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
