@@ -391,6 +391,9 @@ impl Mesh {
             if let Some(z) = &ing.zone {
                 cmd.args(["--zone", z]);
             }
+            if ing.debug_headers {
+                cmd.arg("--debug-headers");
+            }
             mesh.spawn("ingress-gateway", &mut cmd)?;
             wait_http(
                 &admin.to_string(),

@@ -77,6 +77,16 @@ pub struct Ingress {
     /// default, so the gateway spreads over every zone.
     #[serde(default)]
     pub zone: Option<String>,
+    /// Pass the mesh headers (`x-minimesh-endpoint`: which pod answered)
+    /// and detailed error reasons to the ingress's clients (the gateway's
+    /// `--debug-headers`). On by default: the local mesh listens on
+    /// loopback for its developer, who wants to see where requests went.
+    #[serde(default = "yes")]
+    pub debug_headers: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_ingress() -> SocketAddr {

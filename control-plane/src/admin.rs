@@ -55,6 +55,9 @@ pub struct Admin {
     pub config: RwLock<Arc<ConfigView>>,
     /// What each Kubernetes rule's status should say (read by the status writer).
     pub status: watch::Sender<Arc<crate::source::kubernetes::status::DesiredStatus>>,
+    /// Serve `/debug/*` to every caller, not only loopback ones
+    /// (`--admin-debug`; see [`minimesh_proto::admin`]).
+    pub debug_for_all: bool,
 }
 
 impl Admin {
@@ -74,14 +77,21 @@ impl Admin {
 /// Serves the admin API on `listener` forever.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let admin = admin.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let admin = admin.clone();
-                async move { Ok::<_, Infallible>(handle(&admin, req)) }
+                async move {
+                    if !minimesh_proto::admin::allowed(req.uri().path(), peer, admin.debug_for_all)
+                    {
+                        let refused = minimesh_proto::admin::DEBUG_REFUSED;
+                        return Ok::<_, Infallible>(text(StatusCode::FORBIDDEN, refused.into()));
+                    }
+                    Ok::<_, Infallible>(handle(&admin, req))
+                }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             // With a timer, hyper closes a connection that sends no whole

@@ -113,6 +113,13 @@ pub struct Args {
     /// Address of the admin HTTP server (/healthz, /metrics, /debug/*).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15014")]
     pub admin_addr: SocketAddr,
+    /// Serve the admin port's `/debug/*` views (every rule, endpoint and
+    /// proxy of the mesh) to every caller. Off, they answer loopback
+    /// callers only (`kubectl port-forward`, `minimesh get` on the same
+    /// host) and 403 anyone else; `/healthz`, `/readyz` and `/metrics`
+    /// answer everyone.
+    #[arg(long, env = "MINIMESH_ADMIN_DEBUG")]
+    pub admin_debug: bool,
     /// Quiet window: changes are pushed once nothing changed for this long.
     #[arg(long, env = "MINIMESH_DEBOUNCE", default_value = "100ms", value_parser = duration)]
     pub debounce: Duration,
@@ -174,6 +181,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         snapshots: cache.subscribe(),
         config: RwLock::new(Arc::new(ConfigView::default())),
         status: watch::Sender::new(Arc::default()),
+        debug_for_all: args.admin_debug,
     });
 
     let la = Arc::new(LoadAwareState {

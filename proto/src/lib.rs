@@ -9,6 +9,7 @@ pub mod v1 {
     tonic::include_proto!("minimesh.v1");
 }
 
+pub mod admin;
 pub mod duration;
 pub mod headers;
 pub mod latency;

@@ -1,6 +1,7 @@
 //! Sidecar admin HTTP: `/healthz`, `/ready` (200 once config arrived),
 //! `/metrics` (OpenMetrics text of the registry [`crate::metrics`] fills) and `/debug/config` (clusters, endpoints and
-//! their live state as JSON).
+//! their live state as JSON; to loopback callers only unless
+//! `--admin-debug`).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,19 +32,33 @@ pub struct Admin {
     pub node_id: String,
     /// Every metric of the sidecar ([`crate::metrics`]).
     pub metrics: Registry,
+    /// Serve `/debug/*` to every caller, not only loopback ones
+    /// (`--admin-debug`; see [`minimesh_proto::admin`]).
+    pub debug_for_all: bool,
 }
 
 /// Serves the admin API forever.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let admin = admin.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let admin = admin.clone();
-                async move { Ok::<_, Infallible>(handle(&admin, &req)) }
+                async move {
+                    if !minimesh_proto::admin::allowed(req.uri().path(), peer, admin.debug_for_all)
+                    {
+                        let refused = minimesh_proto::admin::DEBUG_REFUSED;
+                        return Ok::<_, Infallible>(text(
+                            StatusCode::FORBIDDEN,
+                            refused.into(),
+                            "text/plain",
+                        ));
+                    }
+                    Ok::<_, Infallible>(handle(&admin, &req))
+                }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             // With a timer, hyper closes a connection that sends no whole

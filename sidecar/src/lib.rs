@@ -102,6 +102,12 @@ pub struct Args {
     /// Admin listener (/healthz, /ready, /metrics, /debug/config).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
+    /// Serve the admin listener's `/debug/*` views to every caller. Off,
+    /// they answer loopback callers only (`kubectl port-forward`, a shell
+    /// in the pod) and 403 anyone else; `/healthz`, `/ready` and `/metrics`
+    /// answer everyone (the kubelet's probes, Prometheus).
+    #[arg(long, env = "MINIMESH_ADMIN_DEBUG")]
+    pub admin_debug: bool,
     /// Extra host name for a service, `HOST=SERVICE.NAMESPACE` (repeatable), e.g.
     /// `simple-web.istioinaction.io=simple-web.default`.
     #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
@@ -124,6 +130,24 @@ pub struct Args {
     /// and opens new ones.
     #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]
     pub client_idle_timeout: Duration,
+    /// Largest request head a client may send, in KiB: the request line
+    /// and headers together over HTTP/1.1, the header list over HTTP/2
+    /// (Envoy's `max_request_headers_kb`). A larger one is answered 431.
+    #[arg(long, env = "MINIMESH_MAX_REQUEST_HEADERS_KB", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(8..=8192))]
+    pub max_request_headers_kb: u32,
+    /// Most header fields a client's HTTP/1.1 request may carry (Envoy's
+    /// `max_headers_count`). More are answered 431.
+    #[arg(long, env = "MINIMESH_MAX_REQUEST_HEADERS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub max_request_headers: u32,
+    /// Gateway mode: pass the mesh's own headers (`x-minimesh-endpoint`,
+    /// `x-minimesh-error`, ...) and minimesh's detailed error reasons, which
+    /// name pod addresses, to outside clients. Off, outside clients see
+    /// neither, and an error says only what failed ("upstream timed out").
+    /// For benchmarks and demos; never on a gateway the public reaches.
+    #[arg(long, env = "MINIMESH_DEBUG_HEADERS")]
+    pub debug_headers: bool,
     /// Event loops (threads) serving the proxy listeners, each on its own
     /// SO_REUSEPORT socket. Default: 1 in sidecar mode (one pod's traffic;
     /// the cheapest per request), one per core in gateway mode; 0 means one
@@ -218,6 +242,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_streams: 0,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
+    if args.debug_headers && args.mode != "gateway" {
+        anyhow::bail!(
+            "--debug-headers applies to --mode gateway only (a sidecar's app always sees the mesh headers)"
+        );
+    }
+    let head_limits = proxy::HeadLimits {
+        bytes: args.max_request_headers_kb as usize * 1024,
+        count: args.max_request_headers as usize,
+    };
 
     let name = if args.mode == "gateway" {
         "gateway"
@@ -247,6 +280,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ready: ready.clone(),
             node_id: node.id.clone(),
             metrics: registry,
+            debug_for_all: args.admin_debug,
         }),
     ));
 
@@ -258,6 +292,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ready: ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
         client_idle_timeout: nonzero(args.client_idle_timeout),
+        head_limits,
+        edge: (args.mode == "gateway").then_some(proxy::Edge {
+            debug_headers: args.debug_headers,
+        }),
     });
     serve_on_loops(
         name,
@@ -306,6 +344,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ready: Arc::new(AtomicBool::new(true)),
             trust_forwarded_for: false,
             client_idle_timeout: nonzero(args.client_idle_timeout),
+            head_limits,
+            edge: None,
         });
         serve_on_loops(
             "inbound",

@@ -95,6 +95,7 @@ fn serve_connection(
     let open = Open(loops.clone(), me);
     let _ = stream.set_nodelay(true);
     let idle = proxy.client_idle_timeout;
+    let limits = proxy.head_limits;
     let proxy = proxy.clone();
     let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -104,7 +105,14 @@ fn serve_connection(
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(idle);
+        .header_read_timeout(idle)
+        // hyper answers a head that fills its read buffer, or has more
+        // fields, with 431 and closes (its buffer is at least 8 KiB).
+        .max_buf_size(limits.bytes.max(8192))
+        .max_headers(limits.count);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
     let conn = builder
         .serve_connection(TokioIo::new(stream), svc)
         .into_owned();

@@ -27,6 +27,7 @@ use minimesh_proto::headers;
 
 mod admission;
 mod attempt;
+mod edge;
 mod request;
 mod respond;
 mod tries;
@@ -41,6 +42,7 @@ use tries::*;
 use crate::outlier::{self, Outcome};
 use crate::retry::{self, Action, Attempted, Standing, GRPC_STATUS};
 pub use attempt::Upstream;
+pub use edge::Edge;
 
 pub use crate::pool::MAX_BUFFERED_BODY;
 /// Base of the backoff before a retry on the same endpoint (Istio's 25 ms).
@@ -64,6 +66,27 @@ pub use crate::pool::UpstreamBody;
 /// Body sent back to the caller.
 pub type ResponseBody = Either<Tracked, Full<Bytes>>;
 
+/// Bounds on a client's request head, as Envoy's defaults
+/// (`max_request_headers_kb`, `max_headers_count`): a larger head is
+/// answered 431 and the connection closed.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    /// Bytes of the request line and headers together (HTTP/1.1), or of the
+    /// header list (HTTP/2).
+    pub bytes: usize,
+    /// Header fields (HTTP/1.1).
+    pub count: usize,
+}
+
+impl Default for HeadLimits {
+    fn default() -> HeadLimits {
+        HeadLimits {
+            bytes: 60 * 1024,
+            count: 100,
+        }
+    }
+}
+
 /// One listener's proxy: where its routing comes from and how it forwards.
 pub struct Proxy {
     /// Routing table, swapped on config changes.
@@ -76,22 +99,33 @@ pub struct Proxy {
     /// Closes a client connection that sends no complete request head for
     /// this long (`--client-idle-timeout`); None: never.
     pub client_idle_timeout: Option<Duration>,
+    /// Bounds on a client's request head.
+    pub head_limits: HeadLimits,
+    /// Outside clients call this listener (gateway mode): what they may
+    /// send in and see come back. None for a sidecar's listeners.
+    pub edge: Option<Edge>,
 }
 
 impl Proxy {
     /// Handles one request from `peer`.
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ResponseBody>, Infallible> {
+        let Some(edge) = self.edge else {
+            return Ok(self.route(req, peer).await);
+        };
+        edge.inward(&mut req);
+        Ok(edge.outward(self.route(req, peer).await))
+    }
+
+    /// Routes a request from `peer` to its cluster and forwards it there.
+    async fn route(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
         let start = tokio::time::Instant::now();
         crate::clock::advance(start);
         if req.method() == Method::CONNECT {
-            return Ok(local(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "CONNECT is not supported",
-            ));
+            return local(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported");
         }
         // A guard, not a clone of the table's Arc: no shared counter to bump
         // per request; dropped once the cluster is cloned out.
@@ -103,16 +137,16 @@ impl Proxy {
             .or(routing.fallback.as_ref())
         else {
             if !self.ready.load(Ordering::Relaxed) {
-                return Ok(unprocessed(local(
+                return unprocessed(local(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "no config from the control plane yet",
-                )));
+                ));
             }
             let reason = match authority {
                 Some(a) => format!("no route for host {}", a.as_str()),
                 None => "request names no host".to_string(),
             };
-            return Ok(local(StatusCode::NOT_FOUND, &reason));
+            return local(StatusCode::NOT_FOUND, &reason);
         };
         let cluster = cluster.clone();
         drop(routing);
@@ -135,7 +169,7 @@ impl Proxy {
         if let Some(cookie) = set_cookie {
             forwarded.headers_mut().append(header::SET_COOKIE, cookie);
         }
-        Ok(forwarded)
+        forwarded
     }
 }
 
@@ -193,6 +227,14 @@ async fn forward(
                 Err(_) => Sent::TimedOut,
             },
         };
+        if let Sent::Failed(e) = &sent {
+            if e.is_client_body() {
+                // The caller's body broke (malformed chunked encoding, or
+                // the caller went away): its error, not the endpoint's.
+                let reason = format!("reading the request body: {}", source_chain(e));
+                return local(StatusCode::BAD_REQUEST, &reason);
+            }
+        }
         let sent = match sent {
             // The app behind the inbound listener speaks for itself only: a
             // mesh header it sets could make callers back off its endpoint

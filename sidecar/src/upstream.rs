@@ -70,6 +70,18 @@ impl UpstreamError {
     pub fn is_refused_stream(&self) -> bool {
         matches!(self, UpstreamError::H2(e) if refused_stream(e))
     }
+
+    /// True when the caller's own request body failed (malformed chunked
+    /// encoding, or the caller went away): the endpoint is not to blame.
+    pub fn is_client_body(&self) -> bool {
+        match self {
+            UpstreamError::Request(h1::Error::RequestBody(_)) => true,
+            // hyper's HTTP/2 client reports the body it was given failing
+            // as a user error.
+            UpstreamError::H2(e) => e.is_user(),
+            _ => false,
+        }
+    }
 }
 
 thread_local! {

@@ -213,7 +213,7 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
     assert!(injected_pod(gw)["spec"]["initContainers"].is_null());
 
     // deploy/monitoring's PodMonitor selects every injected pod and the
-    // gateway on a port each names; its ServiceMonitor the control plane's.
+    // gateway on a port each names.
     let monitors = docs("deploy/monitoring/proxies.yaml");
     let values = &monitors[0]["spec"]["selector"]["matchExpressions"][0]["values"];
     let ports: Vec<&Value> = monitors[0]["spec"]["podMetricsEndpoints"]
@@ -250,19 +250,32 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
             "{pod:#}"
         );
     }
-    let sm = &docs("deploy/monitoring/control-plane.yaml")[0];
-    let svc = cp.iter().find(|d| d["kind"] == "Service").expect("Service");
+    // Its other PodMonitor scrapes the control plane's admin port, which
+    // the Service workloads reach leaves out.
+    let pm = &docs("deploy/monitoring/control-plane.yaml")[0];
+    assert_eq!(pm["kind"], "PodMonitor");
+    let deployment = cp
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("Deployment");
+    let pod = &deployment["spec"]["template"];
     assert_eq!(
-        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
-        svc["metadata"]["labels"]["app.kubernetes.io/name"]
+        pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        pod["metadata"]["labels"]["app.kubernetes.io/name"]
     );
+    let admin = &pm["spec"]["podMetricsEndpoints"][0]["port"];
+    assert!(port_names(pod).contains(admin), "{pod:#}");
+    let svc = cp.iter().find(|d| d["kind"] == "Service").expect("Service");
     let svc_ports: Vec<&Value> = svc["spec"]["ports"]
         .as_array()
         .expect("ports")
         .iter()
-        .map(|p| &p["name"])
+        .map(|p| &p["targetPort"])
         .collect();
-    assert!(svc_ports.contains(&&sm["spec"]["endpoints"][0]["port"]));
+    assert!(
+        !svc_ports.contains(&admin),
+        "the Service exposes the admin port: {svc:#}"
+    );
 
     // The injected pod validates strictly against the Kubernetes schemas.
     let dir = std::env::temp_dir().join(format!("minimesh-injected-{}", std::process::id()));

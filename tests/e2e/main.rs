@@ -7,6 +7,7 @@ mod bench;
 mod config;
 mod connection_pool;
 mod deploy;
+mod edge;
 mod fake_kube;
 mod grpc_interop;
 mod harness;
