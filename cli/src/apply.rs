@@ -1,6 +1,7 @@
-//! `minimesh apply -f FILE`: validates rule files exactly as the control
-//! plane will, and only then puts each rule into the running mesh's config
-//! directory (one file per rule, replaced on re-apply, like `kubectl apply`).
+//! `minimesh apply -f FILE`: validates rule files (DestinationRules and
+//! PeerAuthentications) exactly as the control plane will, and only then
+//! puts each object into the running mesh's config directory (one file per
+//! object, replaced on re-apply, like `kubectl apply`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::mesh::{wait_converged, write_atomic, MeshState};
 /// `minimesh apply` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ApplyArgs {
-    /// Rule file(s) (DestinationRule, multi-document YAML).
+    /// Rule file(s) (DestinationRule, PeerAuthentication; multi-document YAML).
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<PathBuf>,
     /// Only validate; change nothing.
@@ -37,8 +38,20 @@ pub struct Validated {
 }
 
 impl Validated {
-    /// The policy as users read it: `ROUND_ROBIN`, then each port's own.
+    /// The kind as kubectl prints it (`destinationrule`).
+    pub fn kind(&self) -> &'static str {
+        match self.key.kind {
+            "PeerAuthentication" => "peerauthentication",
+            _ => "destinationrule",
+        }
+    }
+
+    /// The policy as users read it: `ROUND_ROBIN`, then each port's own;
+    /// a PeerAuthentication's mode (`mtls STRICT`).
     pub fn describe(&self) -> String {
+        if self.key.kind == "PeerAuthentication" {
+            return format!("mtls {}", self.policy);
+        }
         let mut s = self.policy.to_string();
         for (port, policy) in &self.port_policies {
             s += &format!(", port {port}: {policy}");
@@ -74,8 +87,19 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 raw: doc.raw,
                 warnings: r.warnings.clone(),
             }),
+            (Ok(Object::PeerAuth(_, mode)), Some(key)) => out.push(Validated {
+                key,
+                policy: match mode {
+                    minimesh_proto::v1::MtlsMode::MtlsStrict => "STRICT",
+                    minimesh_proto::v1::MtlsMode::MtlsPermissive => "PERMISSIVE",
+                    minimesh_proto::v1::MtlsMode::Unset => "UNSET",
+                },
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+            }),
             (Ok(_), Some(key)) => errors.push(format!(
-                "{}: {key}: minimesh apply takes DestinationRules; a local mesh's Services and EndpointSlices are written by minimesh up",
+                "{}: {key}: minimesh apply takes DestinationRules and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
                 path.display()
             )),
             (Ok(_), None) => {}
@@ -85,7 +109,10 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
         bail!("{}", errors.join("\n"));
     }
     if out.is_empty() {
-        bail!("{}: no DestinationRule in the file", path.display());
+        bail!(
+            "{}: no DestinationRule or PeerAuthentication in the file",
+            path.display()
+        );
     }
     Ok(out)
 }
@@ -97,8 +124,10 @@ pub fn apply_file(state: &MeshState, path: &Path) -> anyhow::Result<Vec<Validate
         let mut raw = r.raw.clone();
         raw["metadata"]["namespace"] = serde_json::json!(r.key.namespace);
         let file = state.config_dir.join("rules").join(format!(
-            "destinationrule.{}.{}.yaml",
-            r.key.namespace, r.key.name
+            "{}.{}.{}.yaml",
+            r.kind(),
+            r.key.namespace,
+            r.key.name
         ));
         let text = serde_json::to_string_pretty(&raw)?;
         write_atomic(&file, &format!("{text}\n"))?;
@@ -112,7 +141,8 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
         for f in &args.files {
             for r in validate_file(f, "default")? {
                 println!(
-                    "destinationrule {}/{} valid: {} (dry run)",
+                    "{} {}/{} valid: {} (dry run)",
+                    r.kind(),
                     r.key.namespace,
                     r.key.name,
                     r.describe()
@@ -133,7 +163,8 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
     for r in &applied {
         wait_rule(&state, &r.key, r.policy).await?;
         println!(
-            "destinationrule {}/{} applied: {}",
+            "{} {}/{} applied: {}",
+            r.kind(),
             r.key.namespace,
             r.key.name,
             r.describe()
@@ -149,22 +180,28 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
 /// Waits until the control plane reports the rule with this policy, and
 /// fails with its reason when it is not accepted.
 pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyhow::Result<()> {
+    let (list, field) = match key.kind {
+        // In force once the control plane lists it (every proxy's ACK of it
+        // is `wait_converged`'s to wait for).
+        "PeerAuthentication" => ("peerAuthentications", "mode"),
+        _ => ("rules", "policy"),
+    };
     let admin = state.control_plane_admin.to_string();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let config = crate::http::get_json(&admin, "/debug/config").await?;
-        let found = config["rules"].as_array().and_then(|rules| {
+        let found = config[list].as_array().and_then(|rules| {
             rules
                 .iter()
                 .find(|r| {
                     r["namespace"] == key.namespace.as_str()
                         && r["name"] == key.name.as_str()
-                        && r["policy"] == policy
+                        && r[field] == policy
                 })
                 .cloned()
         });
         if let Some(rule) = found {
-            if rule["accepted"] == true {
+            if rule["accepted"] == true || key.kind == "PeerAuthentication" {
                 return Ok(());
             }
             bail!(

@@ -18,6 +18,7 @@ use tokio::process::{Child, Command};
 use crate::http;
 use crate::topology::Topology;
 
+mod identity;
 mod ready;
 pub use ready::wait_converged;
 use ready::*;
@@ -302,6 +303,31 @@ impl Mesh {
                 .collect(),
             not_ready: BTreeSet::new(),
         };
+        // Mutual TLS between every sidecar: tokens for the CA, and the pods
+        // labelled as running a sidecar.
+        let ids = match topo.spec.mtls {
+            true => {
+                let pods: Vec<Pod> = mesh.state.pods.clone();
+                write_atomic(
+                    &mesh.state.config_dir.join("services").join("pods.yaml"),
+                    &identity::pods_yaml(&ns, &pods),
+                )?;
+                Some(identity::Identities::prepare(home, &ns, &pods)?)
+            }
+            false => None,
+        };
+        let mtls_args = |workload: &str| -> Vec<OsString> {
+            ids.iter()
+                .flat_map(|i| {
+                    [
+                        OsString::from("--ca-root"),
+                        i.root().into(),
+                        "--token-file".into(),
+                        i.token_file(workload).into(),
+                    ]
+                })
+                .collect()
+        };
         // Services first (no endpoints yet), so that routes exist from the start.
         for svc in &topo.spec.services {
             mesh.write_service(&svc.name, svc.port, svc.target_port, false)?;
@@ -317,7 +343,15 @@ impl Mesh {
                 .args(["--xds-addr", &s.control_plane_xds.to_string()])
                 .args(["--admin-addr", &s.control_plane_admin.to_string()])
                 // Reports every second, so that `minimesh top` is live.
-                .args(["--load-report-interval", "1s"]),
+                .args(["--load-report-interval", "1s"])
+                .args(ids.iter().flat_map(|i| {
+                    [
+                        OsString::from("--ca-dir"),
+                        i.ca_dir.clone().into(),
+                        "--workload-tokens".into(),
+                        i.tokens_file.clone().into(),
+                    ]
+                })),
         )?;
         wait_http(
             &s.control_plane_admin.to_string(),
@@ -354,6 +388,7 @@ impl Mesh {
                     .args(["--inbound", &format!("{}:{}", pod.ip, pod.port)])
                     .args(["--app", &pod.app().to_string()])
                     .args(["--admin", &pod.admin().to_string()])
+                    .args(mtls_args(&pod.name))
                     .args(
                         args.sidecar_worker_threads
                             .map(|n| ["--worker-threads".to_string(), n.to_string()])
@@ -372,7 +407,7 @@ impl Mesh {
                 "--xds-addr",
                 &xds,
                 "--workload",
-                "ingress-gateway",
+                identity::GATEWAY,
                 "--namespace",
                 &ns,
             ])
@@ -381,7 +416,8 @@ impl Mesh {
                 &listen.to_string(),
                 "--admin",
                 &admin.to_string(),
-            ]);
+            ])
+            .args(mtls_args(identity::GATEWAY));
             for (host, svc) in &ing.hosts {
                 cmd.args(["--route", &format!("{host}={svc}.{ns}")]);
             }

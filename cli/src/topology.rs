@@ -50,6 +50,12 @@ pub struct Spec {
     /// Rule files applied at start, relative to the topology file.
     #[serde(default)]
     pub rules: Vec<PathBuf>,
+    /// Mutual TLS between sidecars (and the gateway), with the control
+    /// plane as the CA (its root under `<home>/ca`). On by default, as
+    /// Istio and Linkerd; `false` runs the mesh in plaintext (for
+    /// comparing the two).
+    #[serde(default = "yes")]
+    pub mtls: bool,
 }
 
 fn default_namespace() -> String {

@@ -33,6 +33,8 @@ use crate::discovery::registry::Registry as Proxies;
 pub struct ConfigView {
     /// Rules with their status.
     pub rules: Vec<Value>,
+    /// PeerAuthentications in force, with their modes.
+    pub peer_authentications: Vec<Value>,
     /// Rejected input.
     pub errors: Vec<ConfigError>,
     /// Caveats.
@@ -141,7 +143,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

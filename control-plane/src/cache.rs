@@ -9,7 +9,7 @@ use std::sync::Arc;
 use minimesh_proto::v1::ClusterLoadAssignment;
 use minimesh_proto::{
     prost::Message, prost_types::Any, to_any, xds_v3, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE,
-    ROUTE_TYPE,
+    PEER_AUTH_TYPE, ROUTE_TYPE,
 };
 use tokio::sync::watch;
 
@@ -180,6 +180,14 @@ impl Cache {
                     &resources.exported,
                 ),
                 ROUTE_TYPE => build(t, &resources.routes, prev, generation, &resources.exported),
+                PEER_AUTH_TYPE => build_with(t, &resources.peer_auth, prev, generation, |ns| {
+                    // A namespace's is its own proxies'; the mesh-wide one
+                    // every proxy's.
+                    match resources.peer_auth.get(ns) {
+                        Some(p) if !p.mesh_wide => Some(Arc::from([ns.to_string()])),
+                        _ => None,
+                    }
+                }),
                 xds_v3::CLUSTER_TYPE => {
                     build(t, &v3.clusters, prev, generation, &resources.exported)
                 }
@@ -192,7 +200,7 @@ impl Cache {
                 xds_v3::ROUTE_CONFIG_TYPE => {
                     build(t, &v3.routes, prev, generation, &resources.exported)
                 }
-                _ => unreachable!("the type lists name seven types"),
+                _ => unreachable!("the type lists name eight types"),
             };
             match old.types.get(t) {
                 Some(prev) if prev.version == new_type.version => {
@@ -221,13 +229,26 @@ fn build<M: Message>(
     generation: u64,
     exported: &BTreeMap<String, Arc<[String]>>,
 ) -> TypeSnapshot {
+    build_with(type_url, items, prev, generation, |name| {
+        crate::translate::service_of(name).and_then(|s| exported.get(s).cloned())
+    })
+}
+
+/// [`build`], with the namespaces that may see each resource, by name.
+fn build_with<M: Message>(
+    type_url: &str,
+    items: &BTreeMap<String, M>,
+    prev: Option<&TypeSnapshot>,
+    generation: u64,
+    visible_to: impl Fn(&str) -> Option<Arc<[String]>>,
+) -> TypeSnapshot {
     let mut resources = BTreeMap::new();
     let mut set = Vec::new();
     let mut restricted = false;
     for (name, msg) in items {
         let any = to_any(type_url, msg);
         let version = fnv(&any.value);
-        let visible = crate::translate::service_of(name).and_then(|s| exported.get(s).cloned());
+        let visible = visible_to(name);
         set.extend_from_slice(name.as_bytes());
         set.push(0);
         set.extend_from_slice(version.as_bytes());

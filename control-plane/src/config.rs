@@ -6,5 +6,6 @@ pub mod crd;
 pub mod kube;
 pub mod parse;
 pub mod rule;
+pub mod security;
 
 pub use parse::{parse_documents, ConfigError, Object};

@@ -10,10 +10,12 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use minimesh_proto::v1::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use minimesh_proto::v1::certificate_service_server::CertificateServiceServer;
 use minimesh_proto::v1::load_reporting_service_server::LoadReportingServiceServer;
 use tokio::net::TcpListener;
 use tonic::codegen::Service;
@@ -21,9 +23,14 @@ use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::Status;
 
+use crate::ca::service::Auth;
+use crate::ca::streams::Authenticated;
 use crate::discovery::server::Discovery;
 use crate::load::LoadReports;
 use crate::xds_v3::server::{Ads, Lrs, Server};
+
+/// The certificate service's paths.
+const CERTIFICATES_PATH: &str = "/minimesh.v1.CertificateService/";
 
 /// The largest request message a stream accepts (gRPC's usual 4 MiB); a
 /// larger one ends its stream with RESOURCE_EXHAUSTED naming both sizes.
@@ -77,6 +84,7 @@ pub async fn serve(
     listener: TcpListener,
     discovery: Discovery,
     reports: LoadReports,
+    certificates: Option<crate::ca::service::Certificates>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let routes = Routes::new(
@@ -89,7 +97,12 @@ pub async fn serve(
     )
     // Envoy's xDS v3 and LRS, from the same cache and aggregator.
     .add_service(Server(Ads(discovery)))
-    .add_service(Server(Lrs(reports)))
+    .add_service(Server(Lrs(reports)));
+    let auth = certificates.as_ref().map(|c| c.auth.clone());
+    let routes = match certificates {
+        Some(c) => routes.add_service(CertificateServiceServer::new(c)),
+        None => routes,
+    }
     .prepare();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
@@ -109,7 +122,7 @@ pub async fn serve(
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .serve_with_incoming_shutdown(NamedPaths(routes), incoming, signal);
+        .serve_with_incoming_shutdown(NamedPaths(routes, auth), incoming, signal);
     tokio::select! {
         served = server => served,
         _ = async {
@@ -126,7 +139,7 @@ pub async fn serve(
 /// answered UNIMPLEMENTED naming the path (tonic's own answer names
 /// nothing, which leaves a client's operator guessing at a typo).
 #[derive(Clone)]
-struct NamedPaths(Routes);
+struct NamedPaths(Routes, Option<Arc<Auth>>);
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
@@ -144,8 +157,29 @@ where
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let path = request.uri().path().to_string();
+        if let Some(auth) = &self.1 {
+            // The certificate service checks its own callers.
+            if !path.starts_with(CERTIFICATES_PATH) {
+                let service = if path.contains("LoadReporting") || path.contains("LoadStats") {
+                    "load_reports"
+                } else {
+                    "discovery"
+                };
+                let metadata =
+                    tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+                match auth.check(service, &metadata) {
+                    Ok(who) => {
+                        request.extensions_mut().insert(Authenticated {
+                            who,
+                            auth: auth.clone(),
+                        });
+                    }
+                    Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+                }
+            }
+        }
         let response = self.0.call(request);
         Box::pin(async move {
             let response = response.await?;

@@ -7,6 +7,7 @@
 //! ```
 
 pub mod admin;
+pub mod ca;
 pub mod cache;
 pub mod config;
 pub mod discovery;
@@ -21,6 +22,7 @@ pub mod translate;
 pub mod webhook;
 pub mod xds_v3;
 
+use minimesh_proto::v1::MtlsMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -113,6 +115,26 @@ pub struct Args {
     /// Address of the admin HTTP server (/healthz, /metrics, /debug/*).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15014")]
     pub admin_addr: SocketAddr,
+    /// The mesh's certificate authority: the directory of its root
+    /// (`root-cert.pem`, `root-key.pem`), generated there at first start
+    /// when absent. With it, sidecars get certificates for mutual TLS on the
+    /// discovery port (needs `--workload-tokens`). Unset: no CA.
+    #[arg(long, env = "MINIMESH_CA_DIR", requires = "workload_tokens")]
+    pub ca_dir: Option<PathBuf>,
+    /// The SPIFFE trust domain of workload certificates
+    /// (`spiffe://<trust domain>/ns/<namespace>/sa/<service account>`).
+    #[arg(long, env = "MINIMESH_TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// How long a workload certificate lasts; sidecars renew at half of it.
+    #[arg(long, env = "MINIMESH_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = duration)]
+    pub workload_cert_ttl: Duration,
+    /// A YAML file of workload tokens (`tokens: [{token, namespace,
+    /// serviceAccount}]`, as `minimesh up` writes one per pod): certificate
+    /// requests must carry one as `authorization: Bearer <token>`, and the
+    /// certificate names its namespace and service account. Read again
+    /// when it changes.
+    #[arg(long, env = "MINIMESH_WORKLOAD_TOKENS")]
+    pub workload_tokens: Option<PathBuf>,
     /// Serve the admin port's `/debug/*` views (every rule, endpoint and
     /// proxy of the mesh) to every caller. Off, they answer loopback
     /// callers only (`kubectl port-forward`, `minimesh get` on the same
@@ -338,10 +360,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         reporters: metrics.load_reporters.clone(),
         forward,
     };
-    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics);
-    grpc::serve(xds_listener, discovery, lrs, shutdown_signal())
-        .await
-        .context("discovery server")?;
+    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics.clone());
+    let certificates = match &args.ca_dir {
+        Some(dir) => {
+            let ca = ca::Ca::load_or_create(dir, &args.trust_domain, args.workload_cert_ttl)?;
+            let tokens = args
+                .workload_tokens
+                .as_deref()
+                .context("--ca-dir needs --workload-tokens")?;
+            Some(ca::service::Certificates {
+                ca: Arc::new(ca),
+                auth: Arc::new(ca::service::Auth {
+                    tokens: ca::auth::Tokens::load(tokens)?,
+                    refusals: metrics.auth_refusals.clone(),
+                }),
+                issued: metrics.certificates_issued.clone(),
+            })
+        }
+        None => None,
+    };
+    grpc::serve(
+        xds_listener,
+        discovery,
+        lrs,
+        certificates,
+        shutdown_signal(),
+    )
+    .await
+    .context("discovery server")?;
     if let Some((client, lease, campaign)) = election {
         campaign.abort();
         let _ = campaign.await;
@@ -535,8 +581,25 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             })
         })
         .collect();
+    let peer_authentications = store
+        .peer_auth
+        .iter()
+        .map(|(key, (_, mode))| {
+            json!({
+                "namespace": key.namespace,
+                "name": key.name,
+                "mode": match mode {
+                    MtlsMode::MtlsStrict => "STRICT",
+                    MtlsMode::MtlsPermissive => "PERMISSIVE",
+                    MtlsMode::Unset => "UNSET",
+                },
+                "meshWide": key.namespace == config::security::ROOT_NAMESPACE,
+            })
+        })
+        .collect();
     admin.set_config(ConfigView {
         rules,
+        peer_authentications,
         errors: store.errors.clone(),
         warnings: store.warnings.clone(),
         synced: true,

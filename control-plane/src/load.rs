@@ -435,7 +435,10 @@ impl LoadReportingService for LoadReports {
         &self,
         request: tonic::Request<tonic::Streaming<LoadStatsRequest>>,
     ) -> Result<tonic::Response<Self::StreamLoadStatsStream>, Status> {
-        Ok(tonic::Response::new(self.open(request.into_inner())))
+        use crate::ca::streams::{checked, Authenticated};
+        let caller = request.extensions().get::<Authenticated>().cloned();
+        let inbound = checked(request.into_inner(), caller, "load_reports");
+        Ok(tonic::Response::new(self.open(inbound)))
     }
 }
 

@@ -40,6 +40,16 @@ impl VerdictLabel {
     }
 }
 
+/// Label set of a refused credential.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthLabel {
+    /// `certificates`, `discovery` or `load_reports`.
+    pub service: &'static str,
+    /// `missing`, `invalid` or `namespace` (the token's identity may not
+    /// speak for the node's namespace).
+    pub reason: &'static str,
+}
+
 /// Every control-plane metric.
 pub struct Metrics {
     /// Connected discovery streams.
@@ -58,6 +68,10 @@ pub struct Metrics {
     pub debounce_seconds: Histogram,
     /// Admission reviews of rules answered, by verdict.
     pub admission_reviews: Family<VerdictLabel, Counter>,
+    /// Calls refused for their credentials.
+    pub auth_refusals: Family<AuthLabel, Counter>,
+    /// Workload certificates issued.
+    pub certificates_issued: Counter,
 }
 
 impl Metrics {
@@ -72,6 +86,8 @@ impl Metrics {
             config_errors: Gauge::default(),
             debounce_seconds: Histogram::new([0.01, 0.05, 0.1, 0.15, 0.2, 0.5, 1.0, 2.0]),
             admission_reviews: Family::default(),
+            auth_refusals: Family::default(),
+            certificates_issued: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("minimesh");
         r.register(
@@ -113,6 +129,16 @@ impl Metrics {
             "admission_reviews",
             "Admission reviews answered, by webhook (validate: rules; inject: pods) and verdict",
             m.admission_reviews.clone(),
+        );
+        r.register(
+            "auth_refusals",
+            "Calls refused for their credentials, by service (certificates, discovery, load_reports) and reason (missing, invalid, namespace)",
+            m.auth_refusals.clone(),
+        );
+        r.register(
+            "certificates_issued",
+            "Workload certificates signed by the mesh's CA",
+            m.certificates_issued.clone(),
         );
         for webhook in ["validate", "inject"] {
             for v in [

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use crate::config::kube::{EndpointSlice, Service};
 use crate::config::parse::{ObjectKey, ValidRule};
+use crate::config::security::{PeerAuthentication, Pod};
 use crate::config::{ConfigError, Object};
+use minimesh_proto::v1::MtlsMode;
 
 /// Where an object came from: a file path locally, `kubernetes` otherwise.
 pub type Origin = PathBuf;
@@ -21,6 +23,10 @@ pub struct Store {
     pub services: BTreeMap<ObjectKey, Arc<Service>>,
     /// Endpoint slices.
     pub slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    /// PeerAuthentications, with the mode each sets.
+    pub peer_auth: BTreeMap<ObjectKey, (Arc<PeerAuthentication>, MtlsMode)>,
+    /// Pods (whether each runs a sidecar).
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
@@ -86,6 +92,31 @@ impl Store {
                     v.insert(s);
                 }
             },
+            Object::PeerAuth(p, mode) => {
+                // One per namespace, as Istio applies the oldest: here the
+                // first read, the others refused with a reason.
+                let other = self
+                    .peer_auth
+                    .keys()
+                    .find(|k| k.namespace == key.namespace && *k != &key);
+                match other {
+                    Some(first) => self.errors.push(ConfigError {
+                        file: origin.clone(),
+                        object: Some(key.to_string()),
+                        field: Some("metadata.name".into()),
+                        reason: format!(
+                            "namespace {} already has PeerAuthentication {}; only one applies, this one is ignored",
+                            key.namespace, first.name
+                        ),
+                    }),
+                    None => {
+                        self.peer_auth.insert(key, (p, mode));
+                    }
+                }
+            }
+            Object::Pod(p) => {
+                self.pods.insert(key, p);
+            }
         }
     }
 }

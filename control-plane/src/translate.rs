@@ -15,6 +15,8 @@ use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
 use crate::store::Store;
 
+mod security;
+
 /// Everything sidecars are sent, by resource name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resources {
@@ -28,6 +30,9 @@ pub struct Resources {
     /// from its `networking.istio.io/exportTo` annotation; a service not
     /// listed is seen by every proxy.
     pub exported: BTreeMap<String, Arc<[String]>>,
+    /// PeerAuthentications by namespace (each seen by its namespace's
+    /// proxies only, the mesh-wide one by every proxy).
+    pub peer_auth: BTreeMap<String, v1::PeerAuthentication>,
 }
 
 /// The Service annotation that limits which namespaces see it, as Istio's.
@@ -204,7 +209,11 @@ pub fn translate(
         rule_for.insert(target, (key, rule));
     }
 
-    let mut out = Resources::default();
+    let mut out = Resources {
+        peer_auth: security::peer_authentications(store),
+        ..Resources::default()
+    };
+    let meshed = security::meshed_ips(store);
     let no_rule = rule::Resolved::default();
     for (skey, svc) in &store.services {
         if let Some(value) = svc.metadata.annotations.get(EXPORT_TO) {
@@ -314,6 +323,7 @@ pub fn translate(
                     .map_or(&[], |lb| lb.endpoint_weights.as_slice()),
             );
             let mut endpoints = endpoints;
+            security::mark_meshed(&mut endpoints, &meshed);
             if cluster.policy == LbPolicy::LoadAware as i32 {
                 let weights = load_weights.get(&name);
                 for e in &mut endpoints {
@@ -461,6 +471,7 @@ fn endpoints_for(
                 health: health(ep) as i32,
                 zone: ep.zone.clone().unwrap_or_default(),
                 pod,
+                mtls: false,
             });
         }
     }

@@ -78,13 +78,15 @@ pub const FORWARDER_NODE_PREFIX: &str = "minimesh-forwarder/";
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/minimesh.v1.Cluster";
 /// Type URL of [`v1::ClusterLoadAssignment`].
 pub const ENDPOINTS_TYPE: &str = "type.googleapis.com/minimesh.v1.ClusterLoadAssignment";
+/// Type URL of [`v1::PeerAuthentication`].
+pub const PEER_AUTH_TYPE: &str = "type.googleapis.com/minimesh.v1.PeerAuthentication";
 /// Type URL of [`v1::Route`].
 pub const ROUTE_TYPE: &str = "type.googleapis.com/minimesh.v1.Route";
 
 /// Every resource type, in the order a client should apply them (clusters
 /// before their endpoints, routes last so that they never point at a cluster
-/// the client does not know yet).
-pub const ALL_TYPES: [&str; 3] = [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE];
+/// the client does not know yet), then the inbound listener's mTLS mode.
+pub const ALL_TYPES: [&str; 4] = [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE, PEER_AUTH_TYPE];
 
 /// Packs a message into an `Any` with the given type URL.
 pub fn to_any(type_url: &str, msg: &impl prost::Message) -> prost_types::Any {

@@ -55,6 +55,7 @@ fn assignment(name: &str, s: usize, generation: u32) -> ClusterLoadAssignment {
                 health: HealthStatus::Healthy as i32,
                 zone: String::new(),
                 pod: format!("svc-{s}-{i}"),
+                mtls: false,
             })
             .collect(),
     }

@@ -75,7 +75,14 @@ fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/ready" => {
-            if admin.ready.load(Ordering::Relaxed) {
+            let certified = crate::tls::mesh().is_none_or(|m| m.spiffe_id().is_some());
+            if !certified {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "waiting for a workload certificate from the control plane\n".into(),
+                    "text/plain",
+                )
+            } else if admin.ready.load(Ordering::Relaxed) {
                 text(StatusCode::OK, "ready\n".into(), "text/plain")
             } else {
                 text(
@@ -134,6 +141,7 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "ejected": e.is_ejected(),
                         "health_check_failing": e.is_health_check_failing(),
                         "requests": e.counters().issued(),
+                        "mtls": e.pool().mtls(),
                     })
                 })
                 .collect();
@@ -172,7 +180,13 @@ fn config(admin: &Admin) -> serde_json::Value {
         .collect();
     let mut hosts: Vec<&str> = routing.hosts().collect();
     hosts.sort();
-    json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "clusters": clusters, "hosts": hosts})
+    let mtls = crate::tls::mesh().map(|m| {
+        json!({
+            "spiffe_id": m.spiffe_id().map(|s| s.to_string()),
+            "inbound_mode": if crate::tls::strict() { "STRICT" } else { "PERMISSIVE" },
+        })
+    });
+    json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "mtls": mtls, "clusters": clusters, "hosts": hosts})
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {

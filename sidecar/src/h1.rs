@@ -45,7 +45,6 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 #[cfg(test)]
 mod random_responses;
@@ -95,6 +94,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// True when the caller's request body failed, not the endpoint.
+    pub fn is_client_body(&self) -> bool {
+        matches!(self, Error::RequestBody(_))
+    }
+
     /// True when the endpoint sent nothing back: on a reused connection,
     /// a sign that the server closed it while it was idle.
     pub fn nothing_received(&self) -> bool {
@@ -120,7 +124,7 @@ impl Drop for Open {
 
 /// One upstream connection with its buffers.
 pub struct Conn {
-    io: TcpStream,
+    io: crate::tls::Io,
     rbuf: BytesMut,
     /// The server may take another request on it once this response is read.
     keep_alive: bool,
@@ -135,7 +139,7 @@ pub struct Streaming {
 
 impl Conn {
     /// Wraps a connected stream, counted in `open` until dropped.
-    pub fn new(io: TcpStream, open: &Arc<AtomicU32>) -> Conn {
+    pub fn new(io: crate::tls::Io, open: &Arc<AtomicU32>) -> Conn {
         open.fetch_add(1, Ordering::Relaxed);
         Conn {
             io,
@@ -148,12 +152,8 @@ impl Conn {
     /// True when an idle connection cannot take a request: the server
     /// closed it, reset it or sent bytes nobody asked for. Costs no system
     /// call unless the event loop saw the socket become readable.
-    pub fn is_closed(&self) -> bool {
-        if !self.rbuf.is_empty() {
-            return true;
-        }
-        let mut probe = [0u8; 1];
-        !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    pub fn is_closed(&mut self) -> bool {
+        !self.rbuf.is_empty() || self.io.is_closed()
     }
 
     /// May go back to the pool: the server keeps it open and no stray bytes
@@ -183,40 +183,75 @@ impl Conn {
         let Some(mut body) = out.streaming.take() else {
             return read_head(&mut self.io, &mut self.rbuf, &mut self.keep_alive, is_head).await;
         };
-        let mut all_sent = false;
-        let head = {
-            let (mut r, mut w) = self.io.split();
-            let send = send_body(&mut w, &mut body);
-            let recv = read_head(&mut r, &mut self.rbuf, &mut self.keep_alive, is_head);
-            tokio::pin!(send, recv);
-            let mut sent: Option<Result<(), Error>> = None;
-            let head = loop {
-                tokio::select! {
-                    biased;
-                    head = &mut recv => break head,
-                    r = &mut send, if sent.is_none() => match r {
-                        // The caller went away mid-body: no response will come.
-                        Err(e @ Error::RequestBody(_)) => return Err(e),
-                        r => sent = Some(r),
-                    },
-                }
-            };
-            match (head, sent) {
-                (Ok(head), Some(Ok(()))) => {
-                    all_sent = true;
-                    Ok(head)
-                }
-                (Ok(head), _) => Ok(head),
-                (Err(_), Some(Err(e))) => Err(e),
-                (Err(e), _) => Err(e),
+        let (head, all_sent) = match &mut self.io {
+            // Plaintext splits for free; TLS through a shared lock (a
+            // streamed body is the rare case).
+            crate::tls::Io::Plain(tcp) => {
+                let (r, w) = tcp.split();
+                send_and_read(
+                    r,
+                    w,
+                    &mut body,
+                    &mut self.rbuf,
+                    &mut self.keep_alive,
+                    is_head,
+                )
+                .await?
+            }
+            tls => {
+                let (r, w) = tokio::io::split(tls);
+                send_and_read(
+                    r,
+                    w,
+                    &mut body,
+                    &mut self.rbuf,
+                    &mut self.keep_alive,
+                    is_head,
+                )
+                .await?
             }
         };
+        let head = Ok(head);
         if !all_sent {
             // Answered early (or the server stopped reading): the rest of the
             // body will not be sent, so the connection cannot be reused.
             self.keep_alive = false;
         }
         head
+    }
+}
+
+/// Streams `body` on `w` while reading the response head from `r`: the
+/// head, and whether the whole body went out first. Err when the caller's
+/// body failed, or when no head came.
+async fn send_and_read<R: AsyncRead + Unpin, W: tokio::io::AsyncWrite + Unpin>(
+    mut r: R,
+    mut w: W,
+    body: &mut Streaming,
+    rbuf: &mut BytesMut,
+    keep_alive: &mut bool,
+    is_head: bool,
+) -> Result<((Response<()>, Decoder), bool), Error> {
+    let send = send_body(&mut w, body);
+    let recv = read_head(&mut r, rbuf, keep_alive, is_head);
+    tokio::pin!(send, recv);
+    let mut sent: Option<Result<(), Error>> = None;
+    let head = loop {
+        tokio::select! {
+            biased;
+            head = &mut recv => break head,
+            r = &mut send, if sent.is_none() => match r {
+                // The caller went away mid-body: no response will come.
+                Err(e @ Error::RequestBody(_)) => return Err(e),
+                r => sent = Some(r),
+            },
+        }
+    };
+    match (head, sent) {
+        (Ok(head), Some(Ok(()))) => Ok((head, true)),
+        (Ok(head), _) => Ok((head, false)),
+        (Err(_), Some(Err(e))) => Err(e),
+        (Err(e), _) => Err(e),
     }
 }
 

@@ -22,7 +22,6 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{handshake, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 pub use crate::message::{idempotent, UpstreamBody};
 
@@ -47,6 +46,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// True when the caller's request body failed, not the endpoint.
+    pub fn is_client_body(&self) -> bool {
+        matches!(self, Error::Hyper(e) if e.is_user())
+    }
+
     /// True when the endpoint sent nothing back: on a reused connection,
     /// a sign that the server closed it while it was idle.
     pub fn nothing_received(&self) -> bool {
@@ -69,14 +73,14 @@ impl Drop for Open {
 
 /// One upstream connection.
 pub struct Conn {
-    io: Option<TcpStream>,
+    io: Option<crate::tls::Io>,
     send: Option<SendRequest<ReqBody>>,
     _open: Open,
 }
 
 impl Conn {
     /// Wraps a connected stream, counted in `open` until dropped.
-    pub fn new(io: TcpStream, open: &Arc<AtomicU32>) -> Conn {
+    pub fn new(io: crate::tls::Io, open: &Arc<AtomicU32>) -> Conn {
         open.fetch_add(1, Ordering::Relaxed);
         Conn {
             io: Some(io),
@@ -86,7 +90,7 @@ impl Conn {
     }
 
     /// True when an idle connection cannot take a request.
-    pub fn is_closed(&self) -> bool {
+    pub fn is_closed(&mut self) -> bool {
         self.send.as_ref().is_some_and(|s| s.is_closed())
     }
 

@@ -29,7 +29,6 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
 
@@ -359,6 +358,7 @@ impl H2Pool {
         addr: SocketAddr,
         settings: &PoolSettings,
         open: &Arc<AtomicU32>,
+        mtls: bool,
     ) -> Result<H2Stream, UpstreamError> {
         let l = &self.loops[crate::upstream::event_loop() as usize % self.loops.len()];
         match self.take(l, settings).await {
@@ -370,7 +370,7 @@ impl H2Pool {
             Taken::Failed(e) => Err(e),
             Taken::Dial => {
                 let mut dialing = Dialing { l, failure: None };
-                let send = match dial(addr, settings, open).await {
+                let send = match dial(addr, settings, open, mtls).await {
                     Ok(send) => send,
                     Err(e) => {
                         dialing.failure = DialFailure::of(&e);
@@ -405,6 +405,7 @@ impl H2Pool {
         addr: SocketAddr,
         settings: &PoolSettings,
         open: &Arc<AtomicU32>,
+        mtls: bool,
         mut s: H2Stream,
         mut req: Request<RequestBody>,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
@@ -422,7 +423,7 @@ impl H2Pool {
                         debug!(%addr, error = %e.error(), "pooled HTTP/2 connection closed before the request went out; sending it on another");
                         req = back;
                         tries += 1;
-                        s = self.stream(addr, settings, open).await?;
+                        s = self.stream(addr, settings, open, mtls).await?;
                     }
                     _ => return Err(UpstreamError::H2(e.into_error())),
                 },
@@ -460,14 +461,12 @@ async fn dial(
     addr: SocketAddr,
     settings: &PoolSettings,
     open: &Arc<AtomicU32>,
+    mtls: bool,
 ) -> Result<SendRequest<RequestBody>, UpstreamError> {
     let timeout = settings.connect_timeout;
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
-        Err(_) => return Err(UpstreamError::ConnectTimeout(timeout)),
-    };
-    let _ = stream.set_nodelay(true);
+    let stream = crate::tls::connect(addr, timeout, mtls, true)
+        .await
+        .map_err(|e| UpstreamError::of_dial(e, timeout))?;
     let mut builder = Builder::new(TokioExecutor::new());
     builder.timer(TokioTimer::new());
     let handshake = builder.handshake::<_, RequestBody>(TokioIo::new(stream));
@@ -558,7 +557,7 @@ mod tests {
     }
 
     async fn call(pool: &H2Pool, addr: SocketAddr, s: &PoolSettings, open: &Arc<AtomicU32>) {
-        let stream = pool.stream(addr, s, open).await.expect("stream");
+        let stream = pool.stream(addr, s, open, false).await.expect("stream");
         let req = request(
             &Method::GET,
             None,
@@ -567,7 +566,10 @@ mod tests {
             false,
             Either::Left(Full::new(Bytes::new())),
         );
-        let resp = pool.send(addr, s, open, stream, req).await.expect("send");
+        let resp = pool
+            .send(addr, s, open, false, stream, req)
+            .await
+            .expect("send");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(body, "ok");
     }
@@ -613,7 +615,7 @@ mod tests {
         let pool = H2Pool::new(1);
         let open = Arc::new(AtomicU32::new(0));
         let try_one = || async {
-            match pool.stream(addr, &SETTINGS, &open).await {
+            match pool.stream(addr, &SETTINGS, &open, false).await {
                 Err(e) => assert!(e.is_connect(), "{e}"),
                 Ok(_) => panic!("connected to a closed port"),
             }

@@ -128,6 +128,7 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
             let body = crate::pool::UpstreamBody::Buffered(Bytes::new());
             let mut req = encode(&Method::GET, target, &headers, ep.authority.as_str(), body);
             let conns = ConnPool::default();
+            conns.set_mtls(ep.pool().mtls());
             return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick()).await, Ok(r) if r.status().is_success());
         }
         Probe::H2(path) => (Method::GET, path.to_string(), Bytes::new()),
@@ -148,7 +149,10 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
     };
     let pool = crate::h2::H2Pool::new(1);
     let open = Arc::default();
-    let Ok(stream) = pool.stream(ep.addr, &settings, &open).await else {
+    let Ok(stream) = pool
+        .stream(ep.addr, &settings, &open, ep.pool().mtls())
+        .await
+    else {
         return false;
     };
     let req = crate::h2::request(
@@ -159,7 +163,10 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
         matches!(kind, Probe::Grpc(_)),
         http_body_util::Either::Left(http_body_util::Full::new(body)),
     );
-    let Ok(resp) = pool.send(ep.addr, &settings, &open, stream, req).await else {
+    let Ok(resp) = pool
+        .send(ep.addr, &settings, &open, ep.pool().mtls(), stream, req)
+        .await
+    else {
         return false;
     };
     if !resp.status().is_success() {

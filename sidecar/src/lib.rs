@@ -16,6 +16,7 @@ pub mod h1;
 pub mod h2;
 pub mod health;
 pub mod histogram;
+pub mod identity;
 pub mod listener;
 pub mod message;
 pub mod metrics;
@@ -24,6 +25,7 @@ pub mod pool;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
+pub mod tls;
 pub mod upstream;
 pub mod xds;
 
@@ -102,6 +104,25 @@ pub struct Args {
     /// Admin listener (/healthz, /ready, /metrics, /debug/config).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
+    /// The mesh's root certificate(s), PEM (`minimesh up` writes
+    /// `.minimesh/ca/root-cert.pem`). With it, this sidecar gets a
+    /// certificate from the control plane's CA (`--token-file` proves who
+    /// it is), speaks mutual TLS to endpoints that run a sidecar, and its
+    /// inbound listener takes mutual TLS (and plaintext too while the mode
+    /// is PERMISSIVE). Unset: plaintext only.
+    #[arg(long, env = "MINIMESH_CA_ROOT")]
+    pub ca_root: Option<std::path::PathBuf>,
+    /// The workload's token for the CA (Kubernetes: a projected service
+    /// account token with audience `minimesh`), read at every renewal.
+    #[arg(
+        long,
+        env = "MINIMESH_TOKEN_FILE",
+        default_value = "/var/run/secrets/minimesh/token"
+    )]
+    pub token_file: std::path::PathBuf,
+    /// The SPIFFE trust domain peers' certificates must name.
+    #[arg(long, env = "MINIMESH_TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
     /// Serve the admin listener's `/debug/*` views to every caller. Off,
     /// they answer loopback callers only (`kubectl port-forward`, a shell
     /// in the pod) and 403 anyone else; `/healthz`, `/ready` and `/metrics`
@@ -293,6 +314,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         trust_forwarded_for: args.trust_forwarded_for,
         client_idle_timeout: nonzero(args.client_idle_timeout),
         head_limits,
+        inbound: false,
         edge: (args.mode == "gateway").then_some(proxy::Edge {
             debug_headers: args.debug_headers,
         }),
@@ -345,6 +367,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             trust_forwarded_for: false,
             client_idle_timeout: nonzero(args.client_idle_timeout),
             head_limits,
+            inbound: true,
             edge: None,
         });
         serve_on_loops(
@@ -369,11 +392,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .connect_lazy();
+    let renewer = match &args.ca_root {
+        Some(path) => {
+            let pem = std::fs::read_to_string(path)
+                .with_context(|| format!("--ca-root: reading {}", path.display()))?;
+            let mesh = Arc::new(
+                tls::Mesh::new(&pem, &args.trust_domain)
+                    .with_context(|| format!("--ca-root {}", path.display()))?,
+            );
+            tls::install(mesh.clone());
+            Some(tokio::spawn(
+                identity::Renewer {
+                    channel: channel.clone(),
+                    token_file: args.token_file.clone(),
+                    mesh,
+                }
+                .run(),
+            ))
+        }
+        None => None,
+    };
     let reporter = xds::load_report::LoadReporter {
         address: args.xds_addr.clone(),
         channel: channel.clone(),
         node: node.clone(),
         routing: routing.clone(),
+        token_file: args.token_file.clone(),
     };
     let reporter_task = tokio::spawn(reporter.run());
     let xds = xds::client::XdsClient {
@@ -388,6 +432,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         routing,
         ready,
         pool_defaults,
+        token_file: args.token_file.clone(),
     };
     let xds_task = tokio::spawn(xds.run());
     info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, admin = %args.admin, xds = args.xds_addr, "sidecar started");
@@ -400,6 +445,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     xds_task.abort();
     reporter_task.abort();
+    if let Some(r) = renewer {
+        r.abort();
+    }
     sweeper.abort();
     info!("sidecar stopped");
     Ok(())

@@ -81,8 +81,13 @@ impl Drop for Open {
     }
 }
 
+/// How long an inbound connection may take to send its first byte and
+/// finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves one client connection on this loop, counted against it until it
-/// ends, and drained with the others at shutdown.
+/// ends, and drained with the others at shutdown. The inbound listener
+/// first sorts it by the mutual TLS mode ([`crate::tls::accept_inbound`]).
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -96,30 +101,37 @@ fn serve_connection(
     let _ = stream.set_nodelay(true);
     let idle = proxy.client_idle_timeout;
     let limits = proxy.head_limits;
+    let inbound = proxy.inbound;
+    let watcher = graceful.watcher();
     let proxy = proxy.clone();
-    let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // hyper's header read timeout runs from when a connection starts waiting
-    // for a request head: it closes idle keep-alive connections and clients
-    // that send headers too slowly alike.
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(idle)
-        // hyper answers a head that fills its read buffer, or has more
-        // fields, with 431 and closes (its buffer is at least 8 KiB).
-        .max_buf_size(limits.bytes.max(8192))
-        .max_headers(limits.count);
-    builder
-        .http2()
-        .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
-    let conn = builder
-        .serve_connection(TokioIo::new(stream), svc)
-        .into_owned();
-    let conn = graceful.watch(conn);
     tokio::spawn(async move {
         let _open = open;
-        if let Err(e) = conn.await {
+        let io = if inbound {
+            match crate::tls::accept_inbound(stream, peer, HANDSHAKE_TIMEOUT).await {
+                Some(io) => io,
+                None => return,
+            }
+        } else {
+            crate::tls::Io::Plain(stream)
+        };
+        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        // hyper's header read timeout runs from when a connection starts waiting
+        // for a request head: it closes idle keep-alive connections and clients
+        // that send headers too slowly alike.
+        builder
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(idle)
+            // hyper answers a head that fills its read buffer, or has more
+            // fields, with 431 and closes (its buffer is at least 8 KiB).
+            .max_buf_size(limits.bytes.max(8192))
+            .max_headers(limits.count);
+        builder
+            .http2()
+            .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
+        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+        if let Err(e) = watcher.watch(conn).await {
             debug!(%peer, error = %e, "connection ended");
         }
     });

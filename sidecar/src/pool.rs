@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Response;
-use tokio::net::TcpStream;
 use tracing::debug;
 
 pub use crate::h1::UpstreamBody;
@@ -77,6 +76,9 @@ pub struct ConnPool {
     open: Arc<AtomicU32>,
     /// HTTP/2 connections, made on first use: most endpoints never have any.
     h2: std::sync::OnceLock<crate::h2::H2Pool>,
+    /// The endpoint runs a sidecar: new connections to it are mutual TLS
+    /// (when this sidecar has the mesh's TLS; see [`crate::tls`]).
+    mtls: std::sync::atomic::AtomicBool,
 }
 
 impl Default for ConnPool {
@@ -120,7 +122,18 @@ impl ConnPool {
             idle: (0..loops.max(1)).map(|_| Stack::default()).collect(),
             open: Arc::default(),
             h2: std::sync::OnceLock::new(),
+            mtls: Default::default(),
         }
+    }
+
+    /// Whether new connections are mutual TLS (the endpoint runs a sidecar).
+    pub fn set_mtls(&self, on: bool) {
+        self.mtls.store(on, Ordering::Relaxed);
+    }
+
+    /// True when new connections are mutual TLS.
+    pub fn mtls(&self) -> bool {
+        self.mtls.load(Ordering::Relaxed)
     }
 
     /// Connections open now (busy and idle, HTTP/1.1 and HTTP/2).
@@ -141,7 +154,9 @@ impl ConnPool {
         addr: SocketAddr,
         settings: &PoolSettings,
     ) -> Result<crate::h2::H2Stream, UpstreamError> {
-        self.h2().stream(addr, settings, &self.open).await
+        self.h2()
+            .stream(addr, settings, &self.open, self.mtls())
+            .await
     }
 
     /// Sends `req` on `stream` (from [`ConnPool::h2_stream`]).
@@ -153,7 +168,7 @@ impl ConnPool {
         req: http::Request<crate::h2::RequestBody>,
     ) -> Result<http::Response<crate::h2::ResponseBody>, UpstreamError> {
         self.h2()
-            .send(addr, settings, &self.open, stream, req)
+            .send(addr, settings, &self.open, self.mtls(), stream, req)
             .await
     }
 
@@ -162,7 +177,7 @@ impl ConnPool {
         let here = event_loop() as usize % n;
         loop {
             // The most recent idle connection of this loop, else another's.
-            let idle = (0..n).find_map(|k| self.idle[(here + k) % n].lock().pop())?;
+            let mut idle = (0..n).find_map(|k| self.idle[(here + k) % n].lock().pop())?;
             if idle.conn.is_closed() || idle.expired(now, settings) {
                 continue; // dropping it closes the connection
             }
@@ -198,7 +213,7 @@ impl ConnPool {
         for stack in self.idle.iter() {
             stack
                 .lock()
-                .retain(|c| !c.conn.is_closed() && !c.expired(now, settings));
+                .retain_mut(|c| !c.conn.is_closed() && !c.expired(now, settings));
         }
         if let Some(h2) = self.h2.get() {
             h2.sweep(settings, now);
@@ -267,13 +282,10 @@ impl ConnPool {
     }
 
     async fn connect(&self, addr: SocketAddr, timeout: Duration) -> Result<Conn, UpstreamError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
-            Err(_) => return Err(UpstreamError::ConnectTimeout(timeout)),
-        };
-        let _ = stream.set_nodelay(true);
-        Ok(Conn::new(stream, &self.open))
+        let io = crate::tls::connect(addr, timeout, self.mtls(), false)
+            .await
+            .map_err(|e| UpstreamError::of_dial(e, timeout))?;
+        Ok(Conn::new(io, &self.open))
     }
 }
 

@@ -101,6 +101,9 @@ pub struct Proxy {
     pub client_idle_timeout: Option<Duration>,
     /// Bounds on a client's request head.
     pub head_limits: HeadLimits,
+    /// The inbound listener: other sidecars call it, over mutual TLS when
+    /// they can, and plaintext only while the mode is PERMISSIVE.
+    pub inbound: bool,
     /// Outside clients call this listener (gateway mode): what they may
     /// send in and see come back. None for a sidecar's listeners.
     pub edge: Option<Edge>,

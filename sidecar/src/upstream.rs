@@ -57,6 +57,14 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The error of a dial that took up to `timeout`.
+    pub fn of_dial(e: std::io::Error, timeout: Duration) -> UpstreamError {
+        match e.kind() {
+            std::io::ErrorKind::TimedOut => UpstreamError::ConnectTimeout(timeout),
+            _ => UpstreamError::Connect(e),
+        }
+    }
+
     /// True when no connection could be made: the request never reached the endpoint.
     pub fn is_connect(&self) -> bool {
         matches!(
@@ -75,7 +83,7 @@ impl UpstreamError {
     /// encoding, or the caller went away): the endpoint is not to blame.
     pub fn is_client_body(&self) -> bool {
         match self {
-            UpstreamError::Request(h1::Error::RequestBody(_)) => true,
+            UpstreamError::Request(e) => e.is_client_body(),
             // hyper's HTTP/2 client reports the body it was given failing
             // as a user error.
             UpstreamError::H2(e) => e.is_user(),

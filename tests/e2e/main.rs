@@ -16,6 +16,7 @@ mod inbound;
 mod kubernetes;
 mod load_reports;
 mod local_mesh;
+mod mtls;
 mod nack;
 mod protocol;
 mod rapid_reset;

@@ -83,6 +83,8 @@ metadata: {name: overhead}
 spec:
   namespace: overhead
   network: 127.0.12.0
+  # Plaintext, as the nginx and HAProxy rows it is set beside.
+  mtls: false
   ingress:
     listen: 127.0.12.252:30000
     defaultService: echo

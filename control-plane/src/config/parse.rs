@@ -9,6 +9,8 @@ use serde::Serialize;
 
 use super::kube::{EndpointSlice, Service};
 use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
+use super::security::{PeerAuthentication, Pod};
+use minimesh_proto::v1::MtlsMode;
 
 /// Files larger than this are rejected before parsing: config files are
 /// small, and this bounds what one bad file can make us allocate.
@@ -42,6 +44,14 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The API versions a PeerAuthentication is read in: Istio's, and
+/// minimesh's group.
+pub const PEER_AUTH_API_VERSIONS: [&str; 3] = [
+    "security.istio.io/v1",
+    "security.istio.io/v1beta1",
+    "minimesh.io/v1alpha1",
+];
+
 /// The kind under which Istio's DestinationRules (`networking.istio.io`)
 /// are keyed, apart from minimesh's; it sorts after minimesh's, so that
 /// where both name one host, minimesh's own rule is the one applied.
@@ -50,8 +60,8 @@ pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
 /// Identity of an object: kind, namespace, name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
-    /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service` or
-    /// `EndpointSlice`.
+    /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service`,
+    /// `EndpointSlice`, `PeerAuthentication` or `Pod`.
     pub kind: &'static str,
     /// Namespace (`default` when unset).
     pub namespace: String,
@@ -85,6 +95,10 @@ pub enum Object {
     Service(Arc<Service>),
     /// An EndpointSlice.
     Slice(Arc<EndpointSlice>),
+    /// A PeerAuthentication, with the mode it sets.
+    PeerAuth(Arc<PeerAuthentication>, MtlsMode),
+    /// A Pod.
+    Pod(Arc<Pod>),
 }
 
 /// One document of a file, parsed.
@@ -262,6 +276,8 @@ fn parse_value(
         "DestinationRule" => ("DestinationRule", &RULE_API_VERSIONS),
         "Service" => ("Service", &["v1"]),
         "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
+        "PeerAuthentication" => ("PeerAuthentication", &PEER_AUTH_API_VERSIONS),
+        "Pod" => ("Pod", &["v1"]),
         "List" if api_version == "v1" && depth == 0 => {
             if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
                 for item in items.clone() {
@@ -284,7 +300,7 @@ fn parse_value(
         }
         other => {
             out.ignored.push(format!(
-                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, Service, EndpointSlice); ignored",
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
                 file.display()
             ));
             return;
@@ -335,6 +351,11 @@ fn parse_value(
             })))
         }),
         "Service" => typed::<Service>(value).map(|s| Object::Service(Arc::new(s))),
+        "PeerAuthentication" => typed::<PeerAuthentication>(value).and_then(|p| {
+            let mode = p.mode().map_err(|(field, reason)| (Some(field), reason))?;
+            Ok(Object::PeerAuth(Arc::new(p), mode))
+        }),
+        "Pod" => typed::<Pod>(value).map(|p| Object::Pod(Arc::new(p))),
         _ => typed::<EndpointSlice>(value)
             .and_then(validate_slice)
             .map(|s| Object::Slice(Arc::new(s))),

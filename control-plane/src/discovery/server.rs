@@ -7,6 +7,7 @@
 //! `error_detail` NACKs the last response, and that version is not sent
 //! again; the next change produces a new version.
 
+use crate::ca::streams::{checked, Authenticated};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -58,14 +59,18 @@ impl AggregatedDiscoveryService for Discovery {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.sotw(request.into_inner())))
+        let caller = request.extensions().get::<Authenticated>().cloned();
+        let inbound = checked(request.into_inner(), caller, "discovery");
+        Ok(Response::new(self.sotw(inbound)))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.delta(request.into_inner())))
+        let caller = request.extensions().get::<Authenticated>().cloned();
+        let inbound = checked(request.into_inner(), caller, "discovery");
+        Ok(Response::new(self.delta(inbound)))
     }
 }
 

@@ -129,6 +129,7 @@ mod tests {
             health: v1::HealthStatus::Healthy as i32,
             zone: zone.into(),
             pod: String::new(),
+            mtls: false,
         }
     }
 

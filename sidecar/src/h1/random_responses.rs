@@ -314,7 +314,10 @@ async fn run_case(listener: &TcpListener, seed: u64) -> Result<(), String> {
     // reused, the next one; then it lets the connection go, so that a
     // server still writing what the client refused is not left blocked.
     let client = async {
-        let io = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let io = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let io = crate::tls::Io::Plain(io);
         let mut conn = Conn::new(io, &Arc::new(AtomicU32::new(0)));
         let first = read_response(&mut conn, case.head_request).await;
         let reusable = conn.reusable();

@@ -15,7 +15,8 @@ use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscovery
 use minimesh_proto::v1::{
     Cluster, ClusterLoadAssignment, DiscoveryRequest, DiscoveryResponse, ErrorDetail, Node, Route,
 };
-use minimesh_proto::{ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use minimesh_proto::v1::{MtlsMode, PeerAuthentication};
+use minimesh_proto::{ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, PEER_AUTH_TYPE, ROUTE_TYPE};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
@@ -46,6 +47,8 @@ pub struct XdsClient {
     pub ready: Arc<AtomicBool>,
     /// Connection settings of clusters whose rule sets none.
     pub pool_defaults: crate::pool::PoolSettings,
+    /// The workload's token (`--token-file`), sent when the file exists.
+    pub token_file: std::path::PathBuf,
 }
 
 impl XdsClient {
@@ -101,7 +104,11 @@ impl XdsClient {
             .await?;
         }
         let mut inbound = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .stream_aggregated_resources({
+                let mut req = tonic::Request::new(ReceiverStream::new(rx));
+                crate::identity::authorize(&mut req, &self.token_file);
+                req
+            })
             .await?
             .into_inner();
         info!(control_plane = %self.address, "discovery stream open");
@@ -116,7 +123,12 @@ impl XdsClient {
                 );
                 continue;
             };
-            let req = match apply(t, &resp, resources) {
+            let applied = if t == PEER_AUTH_TYPE {
+                inbound_mode(&resp, &self.node.namespace).map(crate::tls::set_inbound_mode)
+            } else {
+                apply(t, &resp, resources)
+            };
+            let req = match applied {
                 Ok(()) => {
                     versions.insert(t, resp.version_info.clone());
                     received.insert(t, true);
@@ -129,7 +141,12 @@ impl XdsClient {
                     );
                     self.routing.store(Arc::new(routing));
                     health.reconcile(resources.clusters(), &self.routing);
-                    if received.len() == ALL_TYPES.len() {
+                    // Ready with routing: a control plane that serves no
+                    // PeerAuthentication (an older one) leaves PERMISSIVE.
+                    if [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE]
+                        .iter()
+                        .all(|t| received.contains_key(t))
+                    {
                         self.ready.store(true, Ordering::Relaxed);
                     }
                     DiscoveryRequest {
@@ -160,6 +177,23 @@ impl XdsClient {
         info!(control_plane = %self.address, "discovery stream closed by the control plane");
         Ok(got_any)
     }
+}
+
+/// The inbound listener's mutual TLS mode for a proxy of `namespace`: its
+/// namespace's PeerAuthentication, else the mesh-wide one, else PERMISSIVE.
+fn inbound_mode(resp: &DiscoveryResponse, namespace: &str) -> Result<MtlsMode, String> {
+    let items: Vec<PeerAuthentication> = decode_all(resp)?;
+    let set = |p: &PeerAuthentication| {
+        MtlsMode::try_from(p.mode)
+            .ok()
+            .filter(|m| *m != MtlsMode::Unset)
+    };
+    let own = items
+        .iter()
+        .find(|p| p.namespace == namespace)
+        .and_then(set);
+    let mesh = items.iter().find(|p| p.mesh_wide).and_then(set);
+    Ok(own.or(mesh).unwrap_or(MtlsMode::MtlsPermissive))
 }
 
 fn decode_all<M: Message + Default>(resp: &DiscoveryResponse) -> Result<Vec<M>, String> {
@@ -259,6 +293,26 @@ mod tests {
             .iter()
             .map(|(n, c)| (n.clone(), c.endpoints.len()))
             .collect()
+    }
+
+    #[test]
+    fn a_namespace_mode_overrides_the_mesh_wide_one() {
+        let pa = |ns: &str, mode: MtlsMode, mesh_wide| PeerAuthentication {
+            namespace: ns.into(),
+            mode: mode as i32,
+            mesh_wide,
+        };
+        let mesh = pa("minimesh-system", MtlsMode::MtlsStrict, true);
+        let both = response(
+            PEER_AUTH_TYPE,
+            &[mesh.clone(), pa("web", MtlsMode::MtlsPermissive, false)],
+        );
+        assert_eq!(inbound_mode(&both, "web"), Ok(MtlsMode::MtlsPermissive));
+        assert_eq!(inbound_mode(&both, "other"), Ok(MtlsMode::MtlsStrict));
+        let unset = response(PEER_AUTH_TYPE, &[mesh, pa("web", MtlsMode::Unset, false)]);
+        assert_eq!(inbound_mode(&unset, "web"), Ok(MtlsMode::MtlsStrict));
+        let none = response(PEER_AUTH_TYPE, &[] as &[PeerAuthentication]);
+        assert_eq!(inbound_mode(&none, "web"), Ok(MtlsMode::MtlsPermissive));
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct LoadReporter {
     pub node: Node,
     /// Where the endpoints and their counters are.
     pub routing: Arc<ArcSwap<Routing>>,
+    /// The workload's token (`--token-file`), sent when the file exists.
+    pub token_file: std::path::PathBuf,
 }
 
 #[derive(Default, Clone)]
@@ -77,7 +79,11 @@ impl LoadReporter {
         })
         .await?;
         let mut inbound = client
-            .stream_load_stats(ReceiverStream::new(rx))
+            .stream_load_stats({
+                let mut req = tonic::Request::new(ReceiverStream::new(rx));
+                crate::identity::authorize(&mut req, &self.token_file);
+                req
+            })
             .await?
             .into_inner();
         let Some(first) = inbound.message().await? else {

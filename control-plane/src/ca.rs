@@ -1,0 +1,243 @@
+//! The mesh's certificate authority. The control plane holds a root (read
+//! from `--ca-dir`, generated there at first start) and signs each
+//! sidecar's certificate signing request with the identity its token proves
+//! (`spiffe://<trust domain>/ns/<namespace>/sa/<service account>`), never
+//! the names the request asks for.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+pub mod auth;
+pub mod service;
+pub mod streams;
+
+/// Who a workload is, as its credentials prove.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its service account.
+    pub service_account: String,
+}
+
+impl Identity {
+    /// Its SPIFFE ID in `trust_domain`.
+    pub fn spiffe_id(&self, trust_domain: &str) -> String {
+        format!(
+            "spiffe://{trust_domain}/ns/{}/sa/{}",
+            self.namespace, self.service_account
+        )
+    }
+}
+
+/// The root's file names in `--ca-dir`.
+pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+/// The root key's.
+pub const ROOT_KEY_FILE: &str = "root-key.pem";
+
+/// A signed certificate.
+#[derive(Debug)]
+pub struct Issued {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// Its SPIFFE ID.
+    pub spiffe_id: String,
+    /// When it expires.
+    pub not_after: SystemTime,
+}
+
+/// The certificate authority.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    root_pem: String,
+    /// The SPIFFE trust domain (`--trust-domain`).
+    pub trust_domain: String,
+    /// How long a workload certificate lasts (`--workload-cert-ttl`).
+    pub ttl: Duration,
+}
+
+impl Ca {
+    /// The root in `dir`, generated there (key mode 0600) when it holds
+    /// none.
+    pub fn load_or_create(dir: &Path, trust_domain: &str, ttl: Duration) -> anyhow::Result<Ca> {
+        let (cert, key) = (dir.join(ROOT_CERT_FILE), dir.join(ROOT_KEY_FILE));
+        if !cert.exists() && !key.exists() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--ca-dir: creating {}", dir.display()))?;
+            let (root_pem, key_pem) = generate_root(trust_domain)?;
+            write_private(&key, &key_pem)?;
+            std::fs::write(&cert, &root_pem)
+                .with_context(|| format!("--ca-dir: writing {}", cert.display()))?;
+            tracing::info!(dir = %dir.display(), trust_domain, "generated the mesh's root certificate");
+        }
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("--ca-dir: reading {}", p.display()))
+        };
+        let (root_pem, key_pem) = (read(&cert)?, read(&key)?);
+        Ca::from_pem(&root_pem, &key_pem, trust_domain, ttl)
+            .with_context(|| format!("--ca-dir {}", dir.display()))
+    }
+
+    /// The CA of a root certificate and its key, PEM.
+    pub fn from_pem(
+        root_pem: &str,
+        key_pem: &str,
+        trust_domain: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<Ca> {
+        let key = KeyPair::from_pem(key_pem).context(ROOT_KEY_FILE)?;
+        let issuer = Issuer::from_ca_cert_pem(root_pem, key).context(ROOT_CERT_FILE)?;
+        Ok(Ca {
+            issuer,
+            root_pem: root_pem.to_string(),
+            trust_domain: trust_domain.to_string(),
+            ttl,
+        })
+    }
+
+    /// The root certificate, PEM.
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Signs the key of `csr_pem` for `who`; Err says why the request is
+    /// unusable (its signature, its encoding).
+    pub fn issue(&self, csr_pem: &str, who: &Identity) -> Result<Issued, String> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| format!("csr_pem: not a valid certificate signing request: {e}"))?;
+        let spiffe_id = who.spiffe_id(&self.trust_domain);
+        let now = SystemTime::now();
+        // A minute's slack for clocks a little behind.
+        let not_before = now - Duration::from_secs(60);
+        let not_after = now + self.ttl;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "minimesh");
+        params.subject_alt_names = vec![SanType::URI(
+            spiffe_id
+                .clone()
+                .try_into()
+                .map_err(|e| format!("identity {spiffe_id:?}: {e}"))?,
+        )];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        params.use_authority_key_identifier_extension = true;
+        let signed = CertificateSigningRequestParams {
+            params,
+            public_key: csr.public_key,
+        }
+        .signed_by(&self.issuer)
+        .map_err(|e| format!("signing: {e}"))?;
+        Ok(Issued {
+            cert_pem: signed.pem(),
+            spiffe_id,
+            not_after,
+        })
+    }
+}
+
+/// A new root for `trust_domain`, valid ten years: its certificate and key, PEM.
+pub fn generate_root(trust_domain: &str) -> anyhow::Result<(String, String)> {
+    let now = SystemTime::now();
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.distinguished_name
+        .push(DnType::OrganizationName, "minimesh");
+    ca.distinguished_name.push(
+        DnType::CommonName,
+        format!("minimesh root CA ({trust_domain})"),
+    );
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.not_before = (now - Duration::from_secs(60)).into();
+    ca.not_after = (now + Duration::from_secs(10 * 365 * 86_400)).into();
+    let key = KeyPair::generate()?;
+    let cert = ca.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("--ca-dir: creating {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("--ca-dir: writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca() -> Ca {
+        let (root, key) = generate_root("cluster.local").expect("root");
+        Ca::from_pem(&root, &key, "cluster.local", Duration::from_secs(3600)).expect("ca")
+    }
+
+    #[test]
+    fn the_certificate_names_the_proven_identity_not_the_requested_one() {
+        let ca = ca();
+        let key = KeyPair::generate().expect("key");
+        // The request asks for someone else's identity.
+        let mut asks = CertificateParams::default();
+        asks.subject_alt_names = vec![SanType::URI(
+            "spiffe://cluster.local/ns/kube-system/sa/admin"
+                .to_string()
+                .try_into()
+                .expect("uri"),
+        )];
+        let csr = asks
+            .serialize_request(&key)
+            .expect("csr")
+            .pem()
+            .expect("pem");
+        let who = Identity {
+            namespace: "default".into(),
+            service_account: "web".into(),
+        };
+        let issued = ca.issue(&csr, &who).expect("issued");
+        assert_eq!(issued.spiffe_id, "spiffe://cluster.local/ns/default/sa/web");
+        let der = rustls::pki_types::pem::PemObject::from_pem_slice(issued.cert_pem.as_bytes())
+            .map(|c: rustls::pki_types::CertificateDer<'static>| c)
+            .expect("pem");
+        let text = String::from_utf8_lossy(&der);
+        assert!(text.contains("spiffe://cluster.local/ns/default/sa/web"));
+        assert!(!text.contains("kube-system"));
+    }
+
+    #[test]
+    fn a_request_that_is_not_a_csr_is_refused_with_the_field() {
+        let who = Identity {
+            namespace: "default".into(),
+            service_account: "web".into(),
+        };
+        let e = ca().issue(
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+            &who,
+        );
+        assert!(e.is_err_and(|e| e.starts_with("csr_pem: not a valid certificate signing request")));
+    }
+}

@@ -1,0 +1,194 @@
+//! Who a workload is: the bearer token on its gRPC calls, checked against a
+//! tokens file (the local mesh, where `minimesh up` writes one token per
+//! pod). The refusals' texts are the ones callers and logs see.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use serde::Deserialize;
+
+use super::Identity;
+
+/// Why a call's credentials were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The call carries no token.
+    #[error("missing credentials: the call has no `authorization: Bearer <token>` metadata")]
+    Missing,
+    /// The token proves no identity.
+    #[error("invalid credentials: the token is not one this control plane knows")]
+    Invalid,
+    /// The identity may not speak for the node the call names.
+    #[error("the token's identity ({who}) may not speak for namespace {namespace:?}")]
+    WrongNamespace {
+        /// The identity's SPIFFE path (`ns/<ns>/sa/<sa>`).
+        who: String,
+        /// The namespace the call claims.
+        namespace: String,
+    },
+}
+
+impl Refused {
+    /// The metric label of the refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refused::Missing => "missing",
+            Refused::Invalid => "invalid",
+            Refused::WrongNamespace { .. } => "namespace",
+        }
+    }
+}
+
+/// The token of a call's `authorization: Bearer` metadata.
+pub fn bearer(metadata: &tonic::metadata::MetadataMap) -> Result<&str, Refused> {
+    metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(Refused::Missing)
+}
+
+/// Checks that `who` may speak for a proxy of `namespace`.
+pub fn may_speak_for(who: &Identity, namespace: &str) -> Result<(), Refused> {
+    if who.namespace == namespace {
+        return Ok(());
+    }
+    Err(Refused::WrongNamespace {
+        who: format!("ns/{}/sa/{}", who.namespace, who.service_account),
+        namespace: namespace.to_string(),
+    })
+}
+
+/// The tokens file (`--workload-tokens`):
+///
+/// ```yaml
+/// tokens:
+/// - token: 3f9c…            # at least 16 characters
+///   namespace: default
+///   serviceAccount: simple-web
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    tokens: Vec<TokenEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TokenEntry {
+    token: String,
+    namespace: String,
+    service_account: String,
+}
+
+/// Tokens read from a file, read again when it changes.
+pub struct Tokens {
+    path: PathBuf,
+    state: Mutex<(Option<SystemTime>, HashMap<String, Identity>)>,
+}
+
+impl Tokens {
+    /// Reads `path`; Err names the file and what is wrong with it.
+    pub fn load(path: &Path) -> anyhow::Result<Tokens> {
+        let (mtime, map) = read(path)?;
+        Ok(Tokens {
+            path: path.to_path_buf(),
+            state: Mutex::new((mtime, map)),
+        })
+    }
+
+    /// The identity `token` proves.
+    pub fn authenticate(&self, token: &str) -> Result<Identity, Refused> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(who) = state.1.get(token) {
+            return Ok(who.clone());
+        }
+        // Unknown: the file may have gained it since (a pod added).
+        let mtime = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if mtime != state.0 {
+            match read(&self.path) {
+                Ok(fresh) => *state = fresh,
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "keeping the tokens last read"),
+            }
+        }
+        state.1.get(token).cloned().ok_or(Refused::Invalid)
+    }
+}
+
+type Read = (Option<SystemTime>, HashMap<String, Identity>);
+
+fn read(path: &Path) -> anyhow::Result<Read> {
+    use anyhow::Context;
+    let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--workload-tokens: reading {}", path.display()))?;
+    let file: TokensFile = serde_saphyr::from_str(&text)
+        .with_context(|| format!("--workload-tokens: {}", path.display()))?;
+    let mut map = HashMap::new();
+    for (i, t) in file.tokens.into_iter().enumerate() {
+        if t.token.len() < 16 {
+            anyhow::bail!(
+                "--workload-tokens: {}: tokens[{i}].token: shorter than 16 characters",
+                path.display()
+            );
+        }
+        map.insert(
+            t.token,
+            Identity {
+                namespace: t.namespace,
+                service_account: t.service_account,
+            },
+        );
+    }
+    Ok((mtime, map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_prove_their_identity_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("minimesh-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("tokens.yaml");
+        std::fs::write(
+            &path,
+            "tokens:\n- token: aaaaaaaaaaaaaaaaaaaa\n  namespace: default\n  serviceAccount: web\n",
+        )
+        .expect("write");
+        let t = Tokens::load(&path).expect("load");
+        let web = t.authenticate("aaaaaaaaaaaaaaaaaaaa").expect("known");
+        assert_eq!(web.spiffe_id("td"), "spiffe://td/ns/default/sa/web");
+        assert_eq!(
+            t.authenticate("bbbbbbbbbbbbbbbbbbbb"),
+            Err(Refused::Invalid)
+        );
+        assert_eq!(may_speak_for(&web, "default"), Ok(()));
+        assert_eq!(
+            may_speak_for(&web, "kube-system").map_err(|e| e.to_string()),
+            Err("the token's identity (ns/default/sa/web) may not speak for namespace \"kube-system\"".into())
+        );
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(bearer(&md), Err(Refused::Missing));
+        md.insert("authorization", "Bearer xyz".parse().expect("value"));
+        assert_eq!(bearer(&md), Ok("xyz"));
+        std::fs::write(
+            &path,
+            "tokens:\n- token: short\n  namespace: d\n  serviceAccount: s\n",
+        )
+        .expect("write");
+        let e = format!("{:#}", Tokens::load(&path).err().expect("refused"));
+        assert!(
+            e.contains("tokens[0].token: shorter than 16 characters"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,91 @@
+//! `minimesh.v1.CertificateService` on the discovery port: a workload's
+//! certificate signing request, authenticated by its token, answered with
+//! a certificate naming the identity the token proves.
+
+use std::sync::Arc;
+
+use minimesh_proto::v1::certificate_service_server::CertificateService;
+use minimesh_proto::v1::{IssueRequest, IssueResponse};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use super::auth::{self, Refused, Tokens};
+use super::{Ca, Identity};
+use crate::metrics::AuthLabel;
+
+/// Checks workloads' credentials, logging and counting every refusal.
+pub struct Auth {
+    /// The tokens file (`--workload-tokens`).
+    pub tokens: Tokens,
+    /// Refusals, by service and reason.
+    pub refusals: Family<AuthLabel, Counter>,
+}
+
+impl Auth {
+    /// The identity a call to `service` proves, or the refusal as a status.
+    pub fn check(
+        &self,
+        service: &'static str,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Identity, Status> {
+        let checked = auth::bearer(metadata).and_then(|t| self.tokens.authenticate(t));
+        checked.map_err(|e| self.refuse(service, &e))
+    }
+
+    /// Checks that `who` may speak for a proxy of `namespace` on `service`.
+    pub fn check_namespace(
+        &self,
+        service: &'static str,
+        who: &Identity,
+        namespace: &str,
+    ) -> Result<(), Status> {
+        auth::may_speak_for(who, namespace).map_err(|e| self.refuse(service, &e))
+    }
+
+    fn refuse(&self, service: &'static str, e: &Refused) -> Status {
+        warn!(service, reason = e.reason(), "refused: {e}");
+        self.refusals
+            .get_or_create(&AuthLabel {
+                service,
+                reason: e.reason(),
+            })
+            .inc();
+        Status::unauthenticated(e.to_string())
+    }
+}
+
+/// The certificate service.
+#[derive(Clone)]
+pub struct Certificates {
+    /// The CA.
+    pub ca: Arc<Ca>,
+    /// Credentials.
+    pub auth: Arc<Auth>,
+    /// Certificates issued.
+    pub issued: Counter,
+}
+
+#[tonic::async_trait]
+impl CertificateService for Certificates {
+    async fn issue(&self, req: Request<IssueRequest>) -> Result<Response<IssueResponse>, Status> {
+        let who = self.auth.check("certificates", req.metadata())?;
+        let issued = self
+            .ca
+            .issue(&req.get_ref().csr_pem, &who)
+            .map_err(Status::invalid_argument)?;
+        self.issued.inc();
+        let not_after = issued
+            .not_after
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        info!(spiffe_id = %issued.spiffe_id, not_after, "issued a workload certificate");
+        Ok(Response::new(IssueResponse {
+            cert_chain_pem: vec![issued.cert_pem],
+            root_pem: self.ca.root_pem().to_string(),
+            not_after_unix: not_after,
+            spiffe_id: issued.spiffe_id,
+        }))
+    }
+}

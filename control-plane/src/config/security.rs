@@ -1,0 +1,180 @@
+//! The objects that decide who speaks mutual TLS: a `PeerAuthentication`
+//! (Istio's shape: how a namespace's sidecars, or the mesh's, treat
+//! plaintext) and the `Pod`s that run a sidecar (their endpoints are called
+//! over mutual TLS).
+
+use serde::{Deserialize, Serialize};
+
+use super::kube::ObjectMeta;
+use minimesh_proto::v1::MtlsMode;
+
+/// The namespace whose PeerAuthentication applies mesh-wide (the control
+/// plane's own, as Istio's root namespace `istio-system`).
+pub const ROOT_NAMESPACE: &str = "minimesh-system";
+
+/// The label the injector puts on a pod it gives a sidecar; `minimesh up`
+/// writes it on every pod.
+pub const PROXY_LABEL: &str = "minimesh.io/proxy";
+
+/// The pod annotation naming its sidecar's inbound port (the injector's).
+pub const INBOUND_PORT_ANNOTATION: &str = "minimesh.io/inbound-port";
+
+/// The injector's inbound port when the annotation names none.
+pub const DEFAULT_INBOUND_PORT: u16 = 9090;
+
+/// A `PeerAuthentication` (`security.istio.io/v1` or minimesh's group).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAuthentication {
+    /// Object metadata.
+    pub metadata: ObjectMeta,
+    /// The spec.
+    #[serde(default)]
+    pub spec: PeerAuthenticationSpec,
+}
+
+/// `PeerAuthentication.spec`: namespace-wide (or, in the root namespace,
+/// mesh-wide) only.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PeerAuthenticationSpec {
+    /// Workload selector: not supported (refused with a reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<serde_json::Value>,
+    /// The mode.
+    #[serde(default)]
+    pub mtls: Option<Mtls>,
+    /// Per-port modes: not supported (refused with a reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_level_mtls: Option<serde_json::Value>,
+}
+
+/// `spec.mtls`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mtls {
+    /// `UNSET` (inherit), `PERMISSIVE` or `STRICT`.
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+impl PeerAuthentication {
+    /// The mode it sets, or the field and reason it is refused for.
+    pub fn mode(&self) -> Result<MtlsMode, (String, String)> {
+        if self.spec.selector.is_some() {
+            return Err((
+                "spec.selector".into(),
+                "workload selectors are not supported: a PeerAuthentication applies to its whole namespace (or, in minimesh-system, to the mesh)".into(),
+            ));
+        }
+        if self.spec.port_level_mtls.is_some() {
+            return Err((
+                "spec.portLevelMtls".into(),
+                "per-port modes are not supported".into(),
+            ));
+        }
+        let mode = self.spec.mtls.as_ref().and_then(|m| m.mode.as_deref());
+        match mode.unwrap_or("UNSET") {
+            "UNSET" => Ok(MtlsMode::Unset),
+            "PERMISSIVE" => Ok(MtlsMode::MtlsPermissive),
+            "STRICT" => Ok(MtlsMode::MtlsStrict),
+            "DISABLE" => Err((
+                "spec.mtls.mode".into(),
+                "DISABLE is not supported: a minimesh sidecar always accepts mutual TLS (PERMISSIVE accepts plaintext too)".into(),
+            )),
+            other => Err((
+                "spec.mtls.mode".into(),
+                format!("{other:?} is not one of UNSET, PERMISSIVE, STRICT"),
+            )),
+        }
+    }
+}
+
+/// A `Pod`: the fields that say whether it runs a sidecar.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pod {
+    /// Object metadata (its labels).
+    pub metadata: ObjectMeta,
+    /// Its status (its address).
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+/// `Pod.status` (the fields minimesh uses).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// The pod's addresses.
+    #[serde(default)]
+    pub pod_ips: Vec<PodIp>,
+    /// Its primary address.
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: Option<String>,
+}
+
+/// One of `status.podIPs`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct PodIp {
+    /// The address.
+    pub ip: String,
+}
+
+impl Pod {
+    /// True when the pod runs a minimesh sidecar.
+    pub fn meshed(&self) -> bool {
+        self.metadata.labels.get(PROXY_LABEL).map(String::as_str) == Some("sidecar")
+    }
+
+    /// The port its sidecar takes mutual TLS on: the other ports of the
+    /// pod are its app's, in plaintext.
+    pub fn inbound_port(&self) -> u16 {
+        self.metadata
+            .annotations
+            .get(INBOUND_PORT_ANNOTATION)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(DEFAULT_INBOUND_PORT)
+    }
+
+    /// Every address of the pod.
+    pub fn ips(&self) -> impl Iterator<Item = &str> {
+        self.status
+            .pod_ip
+            .as_deref()
+            .into_iter()
+            .chain(self.status.pod_ips.iter().map(|p| p.ip.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pa(yaml: &str) -> PeerAuthentication {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn modes_and_refusals() {
+        let m = |y| pa(y).mode();
+        assert_eq!(
+            m("metadata: {name: d}\nspec: {mtls: {mode: STRICT}}"),
+            Ok(MtlsMode::MtlsStrict)
+        );
+        assert_eq!(
+            m("metadata: {name: d}\nspec: {mtls: {mode: PERMISSIVE}}"),
+            Ok(MtlsMode::MtlsPermissive)
+        );
+        assert_eq!(m("metadata: {name: d}\nspec: {}"), Ok(MtlsMode::Unset));
+        let e = m("metadata: {name: d}\nspec: {mtls: {mode: STRIKT}}").err();
+        assert_eq!(
+            e,
+            Some((
+                "spec.mtls.mode".into(),
+                "\"STRIKT\" is not one of UNSET, PERMISSIVE, STRICT".into()
+            ))
+        );
+        let e = m("metadata: {name: d}\nspec: {selector: {matchLabels: {app: a}}}").err();
+        assert_eq!(e.map(|e| e.0), Some("spec.selector".into()));
+    }
+}

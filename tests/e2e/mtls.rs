@@ -1,0 +1,582 @@
+//! Mutual TLS between sidecars: the control plane as the mesh's CA, each
+//! sidecar's certificate naming its SPIFFE ID, PeerAuthentication's modes,
+//! and rotation under load.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use minimesh_proto::v1::certificate_service_client::CertificateServiceClient;
+use minimesh_proto::v1::IssueRequest;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use futures_util::StreamExt;
+
+use crate::harness::*;
+
+/// Token of the backend's sidecar (service account `backend`).
+const BACKEND_TOKEN: &str = "backend-token-0123456789";
+/// Token of the caller's sidecar (service account `web`).
+const WEB_TOKEN: &str = "web-token-0123456789abcd";
+
+/// A mesh with mutual TLS: a backend app at .1:8080 behind its sidecar's
+/// inbound listener .1:9090 (its pod labelled as running a sidecar), and a
+/// caller's sidecar at .10; the control plane is the CA.
+struct Mesh {
+    net: Net,
+    _procs: Vec<Proc>,
+}
+
+impl Mesh {
+    async fn start(octet: u8, cp_extra: &[&str]) -> Mesh {
+        let net = Net::new(octet);
+        let dir = net.config().parent().expect("dir").to_path_buf();
+        let tokens = dir.join("tokens.yaml");
+        std::fs::write(
+            &tokens,
+            format!(
+                "tokens:\n- token: {BACKEND_TOKEN}\n  namespace: {NS}\n  serviceAccount: backend\n- token: {WEB_TOKEN}\n  namespace: {NS}\n  serviceAccount: web\n"
+            ),
+        )
+        .expect("tokens");
+        std::fs::write(dir.join("backend.token"), BACKEND_TOKEN).expect("token");
+        std::fs::write(dir.join("web.token"), WEB_TOKEN).expect("token");
+        net.service("backend", &[1]);
+        net.write(
+            "pods.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-1\n  namespace: {NS}\n  labels: {{minimesh.io/proxy: sidecar}}\nstatus:\n  podIP: \"{}\"\n",
+                net.ip(1)
+            ),
+        );
+        let app = net.spawn(
+            "app-1",
+            "fake-service",
+            &[],
+            &[
+                ("LISTEN_ADDR", net.addr(1, 8080).to_string()),
+                ("NAME", "backend-1".into()),
+            ],
+        );
+        wait_http(net.addr(1, 8080), "/health").await;
+        let ca = dir.join("ca");
+        let mut cp_args = vec![
+            "--ca-dir".to_string(),
+            ca.display().to_string(),
+            "--workload-tokens".into(),
+            tokens.display().to_string(),
+        ];
+        cp_args.extend(cp_extra.iter().map(|s| s.to_string()));
+        let cp_refs: Vec<&str> = cp_args.iter().map(String::as_str).collect();
+        let cp = net.control_plane_with(&cp_refs).await;
+        let root = ca.join("root-cert.pem").display().to_string();
+        let backend_token = dir.join("backend.token").display().to_string();
+        let web_token = dir.join("web.token").display().to_string();
+        let server = net
+            .sidecar(
+                1,
+                &[
+                    "--inbound",
+                    &net.addr(1, 9090).to_string(),
+                    "--app",
+                    &net.addr(1, 8080).to_string(),
+                    "--ca-root",
+                    &root,
+                    "--token-file",
+                    &backend_token,
+                ],
+            )
+            .await;
+        let client = net
+            .sidecar(10, &["--ca-root", &root, "--token-file", &web_token])
+            .await;
+        // The caller knows the endpoint runs a sidecar.
+        wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {
+            v["clusters"]
+                .as_object()
+                .into_iter()
+                .flat_map(|c| c.values())
+                .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+                .any(|e| e["mtls"] == true)
+        })
+        .await;
+        Mesh {
+            net,
+            _procs: vec![app, cp, server, client],
+        }
+    }
+
+    fn dir(&self) -> std::path::PathBuf {
+        self.net.config().parent().expect("dir").to_path_buf()
+    }
+
+    /// Puts a mesh-wide PeerAuthentication with `mode` in force and waits
+    /// until the backend's sidecar applies it.
+    async fn mesh_mode(&self, mode: &str) {
+        self.net.write(
+            "peer-authentication.yaml",
+            &format!(
+                "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\n  namespace: minimesh-system\nspec:\n  mtls:\n    mode: {mode}\n"
+            ),
+        );
+        wait_sidecar(self.net.addr(1, 15000), Duration::from_secs(10), |v| {
+            v["mtls"]["inbound_mode"] == mode
+        })
+        .await;
+    }
+
+    /// A certificate for `token`'s identity, as a sidecar gets one: a key,
+    /// a signing request, the CA's answer.
+    async fn certificate(&self, token: Option<&str>) -> Result<Identity, tonic::Status> {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .and_then(|c| c.pem())
+            .expect("csr");
+        let mut req = tonic::Request::new(IssueRequest { csr_pem: csr });
+        with_token(&mut req, token);
+        let resp = CertificateServiceClient::new(channel(&self.net).await)
+            .issue(req)
+            .await?
+            .into_inner();
+        Ok(Identity {
+            chain: resp
+                .cert_chain_pem
+                .iter()
+                .map(|p| CertificateDer::from_pem_slice(p.as_bytes()).expect("pem"))
+                .collect(),
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+        })
+    }
+}
+
+/// A certificate and its key.
+struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivatePkcs8KeyDer<'static>,
+}
+
+/// A certificate for the same SPIFFE ID from a CA the mesh does not trust.
+fn foreign_identity() -> Identity {
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    leaf.subject_alt_names = vec![rcgen::SanType::URI(
+        format!("spiffe://cluster.local/ns/{NS}/sa/web")
+            .try_into()
+            .expect("uri"),
+    )];
+    leaf.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    ];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = leaf.signed_by(&key, &issuer).expect("leaf");
+    let _ = ca_cert;
+    Identity {
+        chain: vec![cert.der().clone()],
+        key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+    }
+}
+
+/// Accepts any server certificate: the test reads what the server presents.
+#[derive(Debug)]
+struct Anything(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for Anything {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Opens TLS to `addr` as `who`, sends a GET and reads until the server
+/// closes: the server's certificate, and the response (Err: the handshake
+/// or the exchange failed).
+async fn tls_get(
+    addr: std::net::SocketAddr,
+    who: Identity,
+) -> (Option<CertificateDer<'static>>, Result<String, String>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Anything(provider)))
+        .with_client_auth_cert(who.chain, PrivateKeyDer::Pkcs8(who.key))
+        .expect("client cert");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let mut tls = match connector
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => return (None, Err(e.to_string())),
+    };
+    let cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first().cloned());
+    let exchange = async {
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: backend\r\nConnection: close\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        tls.read_to_end(&mut out).await.map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    };
+    let result = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or(Err("timed out".into()));
+    (cert, result)
+}
+
+/// The SPIFFE ID of a certificate.
+fn spiffe_id(cert: &[u8]) -> Option<String> {
+    use x509_parser::prelude::*;
+    let (_, x509) = X509Certificate::from_der(cert).ok()?;
+    let san = x509.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        GeneralName::URI(u) => Some(u.to_string()),
+        _ => None,
+    })
+}
+
+/// A plaintext GET straight to `addr`: the status, or why there was none.
+async fn plain_get(addr: std::net::SocketAddr) -> Result<u16, String> {
+    let (status, _, _) = get(addr, "backend", "/").await.map_err(|e| e.to_string())?;
+    Ok(status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_refuses_plaintext_and_serves_callers_with_a_mesh_certificate() {
+    let mesh = Mesh::start(121, &[]).await;
+    let net = &mesh.net;
+    let inbound = net.addr(1, 9090);
+
+    // PERMISSIVE (the default): plaintext is served beside mutual TLS.
+    assert_eq!(plain_get(inbound).await, Ok(200));
+    mesh.mesh_mode("STRICT").await;
+
+    // STRICT: a plaintext request gets no answer at all.
+    let plain = plain_get(inbound).await;
+    assert!(plain.is_err(), "plaintext served under STRICT: {plain:?}");
+    // Through the caller's sidecar (mutual TLS): served.
+    let (status, endpoint, body) = get(net.addr(10, 15001), "backend", "/")
+        .await
+        .expect("through the sidecar");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(endpoint.as_deref(), Some(inbound.to_string().as_str()));
+
+    // A client with a certificate from the mesh's CA sees the backend's
+    // SPIFFE ID, and is served.
+    let web = mesh
+        .certificate(Some(WEB_TOKEN))
+        .await
+        .expect("a certificate");
+    let (cert, response) = tls_get(inbound, web).await;
+    let id = cert.as_deref().and_then(spiffe_id);
+    assert_eq!(
+        id.as_deref(),
+        Some(format!("spiffe://cluster.local/ns/{NS}/sa/backend").as_str())
+    );
+    let response = response.expect("served over mutual TLS");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    // The same SPIFFE ID from another CA: refused.
+    let (_, response) = tls_get(inbound, foreign_identity()).await;
+    assert!(
+        response.as_ref().is_err() || response.as_ref().is_ok_and(|r| r.is_empty()),
+        "a foreign certificate was served: {response:?}"
+    );
+
+    // A certificate request without valid credentials: refused, with the
+    // reason in the answer, the control plane's log and its metrics.
+    let missing = mesh.certificate(None).await.err().expect("refused");
+    assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        missing.message(),
+        "missing credentials: the call has no `authorization: Bearer <token>` metadata"
+    );
+    let invalid = mesh
+        .certificate(Some("not-a-token-of-this-mesh"))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        invalid.message(),
+        "invalid credentials: the token is not one this control plane knows"
+    );
+    let log =
+        std::fs::read_to_string(mesh.dir().join("logs").join("control-plane.log")).expect("log");
+    assert!(
+        log.contains("refused: invalid credentials: the token is not one this control plane knows"),
+        "{log}"
+    );
+
+    // Discovery and load reports: no token, refused before any resource;
+    // a token whose identity is of another namespace than the node names,
+    // refused at that request.
+    let refused = discovery(net, None, NS).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        refused.message(),
+        "missing credentials: the call has no `authorization: Bearer <token>` metadata"
+    );
+    let other = discovery(net, Some(WEB_TOKEN), "kube-system")
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        other.message(),
+        format!(
+            "the token's identity (ns/{NS}/sa/web) may not speak for namespace \"kube-system\""
+        )
+    );
+    assert!(discovery(net, Some(WEB_TOKEN), NS).await.is_ok());
+    let reports = load_reports(net, None).await.expect_err("refused");
+    assert_eq!(reports.code(), tonic::Code::Unauthenticated);
+
+    let (_, _, metrics) = get(net.cp_admin(), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    for (service, reason) in [
+        ("certificates", "missing"),
+        ("certificates", "invalid"),
+        ("discovery", "missing"),
+        ("discovery", "namespace"),
+        ("load_reports", "missing"),
+    ] {
+        let series =
+            format!("minimesh_auth_refusals_total{{service=\"{service}\",reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
+    }
+}
+
+async fn channel(net: &Net) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", net.cp_xds()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("control plane")
+}
+
+fn with_token<T>(req: &mut tonic::Request<T>, token: Option<&str>) {
+    if let Some(t) = token {
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {t}").parse().expect("value"),
+        );
+    }
+}
+
+/// Opens a discovery stream as a proxy of `namespace` and reads its first
+/// response.
+async fn discovery(net: &Net, token: Option<&str>, namespace: &str) -> Result<(), tonic::Status> {
+    use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use minimesh_proto::v1::{DiscoveryRequest, Node};
+    let first = DiscoveryRequest {
+        node: Some(Node {
+            id: "probe".into(),
+            namespace: namespace.into(),
+            ..Default::default()
+        }),
+        type_url: minimesh_proto::CLUSTER_TYPE.into(),
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(
+        futures_util::stream::iter([first]).chain(futures_util::stream::pending()),
+    );
+    with_token(&mut req, token);
+    let mut stream = AggregatedDiscoveryServiceClient::new(channel(net).await)
+        .stream_aggregated_resources(req)
+        .await?
+        .into_inner();
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(Some(_))) => Ok(()),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("stream ended without a response")),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no response in 5 s")),
+    }
+}
+
+/// Opens a load-report stream and reads its first response.
+async fn load_reports(net: &Net, token: Option<&str>) -> Result<(), tonic::Status> {
+    use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
+    use minimesh_proto::v1::{LoadStatsRequest, Node};
+    let first = LoadStatsRequest {
+        node: Some(Node {
+            id: "probe".into(),
+            namespace: NS.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(
+        futures_util::stream::iter([first]).chain(futures_util::stream::pending()),
+    );
+    with_token(&mut req, token);
+    let mut stream = LoadReportingServiceClient::new(channel(net).await)
+        .stream_load_stats(req)
+        .await?
+        .into_inner();
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no response in 5 s")),
+    }
+}
+
+/// Requests at `rate` per second through `proxy` until `stop`: the
+/// failures (a status other than 200, or no answer).
+async fn paced(
+    proxy: std::net::SocketAddr,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> (u64, Vec<String>) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    const CLIENTS: u32 = 4;
+    for _ in 0..CLIENTS {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1) * CLIENTS / rate);
+            let mut conn = Conn::open(proxy).await.ok();
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                let c = match conn.as_mut() {
+                    Some(c) => c,
+                    None => {
+                        conn = Conn::open(proxy).await.ok();
+                        match conn.as_mut() {
+                            Some(c) => c,
+                            None => {
+                                failed.push("cannot connect to the sidecar".to_string());
+                                continue;
+                            }
+                        }
+                    }
+                };
+                match c.get("backend", "/").await {
+                    Ok((200, _, _)) => {}
+                    Ok((status, _, body)) => failed.push(format!("{status}: {body}")),
+                    Err(e) => {
+                        failed.push(e.to_string());
+                        conn = None;
+                    }
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for t in tasks {
+        failed.extend(t.await.expect("load task"));
+    }
+    (sent.load(Ordering::Relaxed), failed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotated_every_10s_under_200_requests_per_second_lose_none() {
+    // Certificates last 20 s: each sidecar renews every 10 s. Connections
+    // to the backend last 50 requests, so new handshakes (with whichever
+    // certificate is current) go on throughout.
+    let mesh = Mesh::start(122, &["--workload-cert-ttl", "20s"]).await;
+    let net = &mesh.net;
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: backend\nspec:\n  host: backend\n  trafficPolicy:\n    connectionPool:\n      http:\n        maxRequestsPerConnection: 50\n",
+    );
+    mesh.mesh_mode("STRICT").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(paced(net.addr(10, 15001), 200, stop.clone()));
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = load.await.expect("load");
+    let secs = started.elapsed().as_secs_f64();
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        sent as f64 >= 180.0 * secs,
+        "only {sent} requests in {secs:.0} s"
+    );
+    // Each sidecar renewed at least five times in the minute.
+    let (_, _, metrics) = get(net.cp_admin(), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    let issued: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("minimesh_certificates_issued_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        issued >= 2 * 6,
+        "only {issued} certificates issued in a minute"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permissive_to_strict_under_load_loses_no_request_of_meshed_callers() {
+    let mesh = Mesh::start(123, &[]).await;
+    let net = &mesh.net;
+    mesh.mesh_mode("PERMISSIVE").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(paced(net.addr(10, 15001), 200, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.mesh_mode("STRICT").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.mesh_mode("PERMISSIVE").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = load.await.expect("load");
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(sent >= 800, "only {sent} requests");
+}
