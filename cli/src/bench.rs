@@ -10,6 +10,7 @@ pub mod overhead;
 pub mod peers;
 pub mod report;
 pub mod scenario;
+pub mod soak;
 
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -32,8 +33,11 @@ pub struct BenchArgs {
     /// Scenario file, or the name of a shipped one (`examples/bench/NAME.yaml`):
     /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp;
     /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy, and nginx answering by itself as the machine's CPU floor),
-    /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N).
-    /// These two names always mean the built-in benchmarks, even where a file
+    /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N),
+    /// or `soak` (the demo mesh under steady load for --minutes while a replica is
+    /// killed every 30 s, the rule changes every 10 s and certificates rotate:
+    /// fails on a failed request or on a process growing).
+    /// These three names always mean the built-in benchmarks, even where a file
     /// of that name exists (such as the control-plane binary in
     /// target/release); write `./overhead` for a scenario file so named.
     pub scenario: String,
@@ -72,6 +76,16 @@ pub struct BenchArgs {
     /// one machine at one time.
     #[arg(long)]
     pub baseline_sidecar: Option<std::path::PathBuf>,
+    /// For `soak`: how long the load runs, in minutes (1 to 1440).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=1440))]
+    pub minutes: u64,
+    /// For `soak`: requests per second through the ingress.
+    #[arg(long, default_value_t = 100.0)]
+    pub qps: f64,
+    /// For `soak`: how long workload certificates last (each sidecar renews
+    /// at half of it).
+    #[arg(long, default_value = "60s", value_parser = crate::mesh::parse_duration)]
+    pub cert_ttl: Duration,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
@@ -149,6 +163,24 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         if args.xds_v3 {
             bail!("--xds-v3: only `minimesh bench control-plane` takes it");
         }
+    }
+    if args.scenario == "soak" {
+        if !(args.qps > 0.0 && args.qps <= 10_000.0) {
+            bail!("--qps {}: must be above 0 and at most 10000", args.qps);
+        }
+        let soak = soak::SoakArgs {
+            duration: Duration::from_secs(args.minutes * 60),
+            qps: args.qps,
+            cert_ttl: args.cert_ttl,
+        };
+        return soak::run(
+            &home,
+            &args.out.join("soak"),
+            &soak,
+            args.network,
+            args.ingress,
+        )
+        .await;
     }
     if args.scenario == "overhead" {
         let generator = overhead::Generator::choose(&args.load_generator)?;
@@ -272,6 +304,7 @@ async fn start_mesh(
         ingress: args.ingress,
         sidecar_worker_threads: None,
         restart_after: crate::mesh::RestartAfter(None),
+        workload_cert_ttl: None,
     };
     Mesh::start(&home.join("bench"), &up)
         .await

@@ -57,6 +57,16 @@ pub struct UpArgs {
     /// back-off is 10s); `never` leaves it down.
     #[arg(long, default_value = "10s", value_parser = restart_after)]
     pub restart_after: RestartAfter,
+    /// How long workload certificates last (the control plane's
+    /// `--workload-cert-ttl`; each sidecar renews at half of it). Default:
+    /// the control plane's, 24h.
+    #[arg(long, value_parser = parse_duration)]
+    pub workload_cert_ttl: Option<Duration>,
+}
+
+/// Parses a duration flag (`10s`, `2m`) with the control plane's grammar.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    minimesh_proto::duration::parse_positive(s)
 }
 
 /// When `minimesh up` starts an exited process again.
@@ -351,7 +361,19 @@ impl Mesh {
                         "--workload-tokens".into(),
                         i.tokens_file.clone().into(),
                     ]
-                })),
+                }))
+                .args(
+                    args.workload_cert_ttl
+                        .filter(|_| ids.is_some())
+                        .map(|t| {
+                            [
+                                "--workload-cert-ttl".to_string(),
+                                format!("{}ms", t.as_millis()),
+                            ]
+                        })
+                        .into_iter()
+                        .flatten(),
+                ),
         )?;
         wait_http(
             &s.control_plane_admin.to_string(),
@@ -363,7 +385,9 @@ impl Mesh {
 
         let sidecar = binary("sidecar")?;
         let app = binary("fake-service")?;
-        let xds = format!("http://{}", s.control_plane_xds);
+        // With mutual TLS, discovery is TLS too.
+        let scheme = if ids.is_some() { "https" } else { "http" };
+        let xds = format!("{scheme}://{}", s.control_plane_xds);
         for (pod, env) in &pods {
             let mut cmd = Command::new(&app);
             cmd.env("LISTEN_ADDR", pod.app().to_string())

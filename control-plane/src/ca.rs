@@ -152,6 +152,49 @@ impl Ca {
     }
 }
 
+impl Ca {
+    /// A serving certificate for the control plane's own discovery port,
+    /// naming `names` (DNS names or IP addresses), valid a year: its
+    /// certificate and key, PEM.
+    pub fn serving(&self, names: &[String]) -> anyhow::Result<(String, String)> {
+        let now = SystemTime::now();
+        let mut params = CertificateParams::new(names.to_vec())?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "minimesh control plane");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.not_before = (now - Duration::from_secs(60)).into();
+        params.not_after = (now + Duration::from_secs(365 * 86_400)).into();
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// The names the control plane's discovery certificate carries: its
+/// Service's (in the namespace it runs in), `localhost`, and the address
+/// it listens on when that is one address.
+pub fn serving_names(xds: std::net::SocketAddr, namespace: &str) -> Vec<String> {
+    let svc = "minimesh-control-plane";
+    let mut names = vec![
+        svc.to_string(),
+        format!("{svc}.{namespace}"),
+        format!("{svc}.{namespace}.svc"),
+        format!("{svc}.{namespace}.svc.cluster.local"),
+        "localhost".to_string(),
+    ];
+    if !xds.ip().is_unspecified() {
+        names.push(xds.ip().to_string());
+    }
+    names
+}
+
 /// A new root for `trust_domain`, valid ten years: its certificate and key, PEM.
 pub fn generate_root(trust_domain: &str) -> anyhow::Result<(String, String)> {
     let now = SystemTime::now();

@@ -85,6 +85,7 @@ pub async fn serve(
     discovery: Discovery,
     reports: LoadReports,
     certificates: Option<crate::ca::service::Certificates>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let routes = Routes::new(
@@ -110,7 +111,11 @@ pub async fn serve(
         shutdown.await;
         let _ = stopping_tx.send(());
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         .accept_http1(false)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

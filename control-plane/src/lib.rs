@@ -379,11 +379,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // With a CA, discovery is TLS, with a certificate of its own.
+    let tls = match &certificates {
+        Some(c) => {
+            let namespace =
+                std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "minimesh-system".into());
+            let names = ca::serving_names(args.xds_addr, &namespace);
+            let (cert, key) = c.ca.serving(&names)?;
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            Some(tonic::transport::ServerTlsConfig::new().identity(identity))
+        }
+        None => None,
+    };
     grpc::serve(
         xds_listener,
         discovery,
         lrs,
         certificates,
+        tls,
         shutdown_signal(),
     )
     .await

@@ -59,7 +59,8 @@ pub struct Args {
     /// `sidecar` (beside an app) or `gateway` (ingress for outside traffic).
     #[arg(long, env = "MINIMESH_MODE", default_value = "sidecar", value_parser = ["sidecar", "gateway"])]
     pub mode: String,
-    /// Control plane discovery address.
+    /// Control plane discovery address: `http://` plaintext, `https://`
+    /// TLS (the control plane's certificate checked against `--ca-root`).
     #[arg(
         long,
         env = "MINIMESH_XDS_ADDR",
@@ -385,8 +386,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // One HTTP/2 connection carries discovery and load reports: half the
     // connections (and the control plane's memory) of one each. It connects
     // on first use and reconnects when a stream finds it broken.
-    let channel = tonic::transport::Endpoint::from_shared(args.xds_addr.clone())
-        .with_context(|| format!("--xds-addr {:?} is not a URI", args.xds_addr))?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(args.xds_addr.clone())
+        .with_context(|| format!("--xds-addr {:?} is not a URI", args.xds_addr))?;
+    if args.xds_addr.starts_with("https://") {
+        // The control plane's certificate is signed by the mesh's root.
+        let root = args.ca_root.as_ref().with_context(|| {
+            format!("--xds-addr {} is TLS: it needs --ca-root (the mesh's root certificate, which signs the control plane's)", args.xds_addr)
+        })?;
+        let pem = std::fs::read(root)
+            .with_context(|| format!("--ca-root: reading {}", root.display()))?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        endpoint = endpoint
+            .tls_config(tls)
+            .context("--xds-addr: TLS settings")?;
+    }
+    let channel = endpoint
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))

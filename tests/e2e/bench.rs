@@ -634,3 +634,47 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_minute_soak_loses_no_request_while_replicas_rules_and_certificates_churn() {
+    let net = Net::new(124);
+    let out = net.dir.join("bench");
+    let o = Command::new(bin("minimesh"))
+        .arg("--home")
+        .arg(net.dir.join("home"))
+        .args(["bench", "soak", "--minutes", "1", "--cert-ttl", "20s"])
+        .arg("--out")
+        .arg(&out)
+        .args(["--network", &net.ip(0).to_string()])
+        .args(["--ingress", &net.addr(252, 30000).to_string()])
+        .output()
+        .expect("minimesh bench soak runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}\n{stdout}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let results = out.join("soak").join("results.json");
+    let text = std::fs::read_to_string(results).expect("results");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["failed"], 0, "{stdout}");
+    assert!(v["requests"].as_u64().unwrap_or(0) >= 5_000, "{stdout}");
+    assert!(v["kills"].as_u64().unwrap_or(0) >= 1, "{stdout}");
+    assert!(v["rule_changes"].as_u64().unwrap_or(0) >= 5, "{stdout}");
+    // Five workloads, each renewing every 10 s.
+    assert!(
+        v["certificates_issued"].as_u64().unwrap_or(0) >= 20,
+        "{stdout}"
+    );
+    for p in [
+        "control-plane",
+        "ingress-gateway",
+        "simple-web-0.sidecar",
+        "simple-backend-1-0.sidecar",
+    ] {
+        let samples = v["samples"][p].as_array().map_or(0, Vec::len);
+        assert!(samples >= 5, "{p}: {samples} samples\n{stdout}");
+    }
+}

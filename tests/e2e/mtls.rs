@@ -75,24 +75,22 @@ impl Mesh {
         let root = ca.join("root-cert.pem").display().to_string();
         let backend_token = dir.join("backend.token").display().to_string();
         let web_token = dir.join("web.token").display().to_string();
-        let server = net
-            .sidecar(
-                1,
-                &[
-                    "--inbound",
-                    &net.addr(1, 9090).to_string(),
-                    "--app",
-                    &net.addr(1, 8080).to_string(),
-                    "--ca-root",
-                    &root,
-                    "--token-file",
-                    &backend_token,
-                ],
-            )
-            .await;
-        let client = net
-            .sidecar(10, &["--ca-root", &root, "--token-file", &web_token])
-            .await;
+        let server = sidecar(
+            &net,
+            1,
+            &[
+                "--inbound",
+                &net.addr(1, 9090).to_string(),
+                "--app",
+                &net.addr(1, 8080).to_string(),
+                "--ca-root",
+                &root,
+                "--token-file",
+                &backend_token,
+            ],
+        )
+        .await;
+        let client = sidecar(&net, 10, &["--ca-root", &root, "--token-file", &web_token]).await;
         // The caller knows the endpoint runs a sidecar.
         wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {
             v["clusters"]
@@ -151,6 +149,27 @@ impl Mesh {
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
         })
     }
+}
+
+/// A sidecar at .host (outbound :15001, admin :15000) taking its config
+/// over TLS, once ready.
+async fn sidecar(net: &Net, host: u8, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "--xds-addr".to_string(),
+        format!("https://{}", net.cp_xds()),
+        "--workload".into(),
+        format!("pod-{host}"),
+        "--namespace".into(),
+        NS.into(),
+        "--outbound".into(),
+        net.addr(host, 15001).to_string(),
+        "--admin".into(),
+        net.addr(host, 15000).to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let p = net.spawn(&format!("sidecar-{host}"), "sidecar", &args, &[]);
+    wait_http(net.addr(host, 15000), "/ready").await;
+    p
 }
 
 /// A certificate and its key.
@@ -372,6 +391,9 @@ async fn strict_refuses_plaintext_and_serves_callers_with_a_mesh_certificate() {
     assert!(discovery(net, Some(WEB_TOKEN), NS).await.is_ok());
     let reports = load_reports(net, None).await.expect_err("refused");
     assert_eq!(reports.code(), tonic::Code::Unauthenticated);
+    // The discovery port is TLS: a plaintext client gets nothing.
+    let plain = plaintext_discovery(net).await;
+    assert_ne!(plain, "a stream opened");
 
     let (_, _, metrics) = get(net.cp_admin(), "localhost", "/metrics")
         .await
@@ -389,12 +411,40 @@ async fn strict_refuses_plaintext_and_serves_callers_with_a_mesh_certificate() {
     }
 }
 
+/// A TLS connection to the control plane's discovery port, trusting the
+/// mesh's root.
 async fn channel(net: &Net) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{}", net.cp_xds()))
+    let dir = net.config().parent().expect("dir").to_path_buf();
+    let root = std::fs::read(dir.join("ca").join("root-cert.pem")).expect("root");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(root));
+    tonic::transport::Endpoint::from_shared(format!("https://{}", net.cp_xds()))
         .expect("uri")
+        .tls_config(tls)
+        .expect("tls")
         .connect()
         .await
         .expect("control plane")
+}
+
+/// A plaintext gRPC call to the TLS discovery port: the error.
+async fn plaintext_discovery(net: &Net) -> String {
+    use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", net.cp_xds()))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let req = tonic::Request::new(futures_util::stream::pending::<
+        minimesh_proto::v1::DiscoveryRequest,
+    >());
+    match AggregatedDiscoveryServiceClient::new(channel)
+        .stream_aggregated_resources(req)
+        .await
+    {
+        Ok(_) => "a stream opened".into(),
+        Err(e) => e.to_string(),
+    }
 }
 
 fn with_token<T>(req: &mut tonic::Request<T>, token: Option<&str>) {

@@ -205,6 +205,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             // As many event loops as nginx has workers and HAProxy threads.
             sidecar_worker_threads: Some(PEER_WORKERS),
             restart_after: crate::mesh::RestartAfter(None),
+            workload_cert_ttl: None,
         },
     )
     .await?;
