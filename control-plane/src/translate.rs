@@ -323,7 +323,7 @@ pub fn translate(
                     .map_or(&[], |lb| lb.endpoint_weights.as_slice()),
             );
             let mut endpoints = endpoints;
-            security::mark_meshed(&mut endpoints, &meshed);
+            security::mark_meshed(&mut endpoints, &meshed, res.tls);
             if cluster.policy == LbPolicy::LoadAware as i32 {
                 let weights = load_weights.get(&name);
                 for e in &mut endpoints {

@@ -59,16 +59,9 @@ impl Renewer {
             .serialize_request(&key)
             .and_then(|c| c.pem())
             .context("building the signing request")?;
-        let token = std::fs::read_to_string(&self.token_file)
-            .with_context(|| format!("--token-file: reading {}", self.token_file.display()))?;
         let mut req = tonic::Request::new(IssueRequest { csr_pem: csr });
-        let bearer = format!("Bearer {}", token.trim());
-        req.metadata_mut().insert(
-            "authorization",
-            bearer
-                .parse()
-                .context("--token-file: the token is not a header value")?,
-        );
+        req.metadata_mut()
+            .insert("authorization", bearer(&self.token_file)?);
         let resp = CertificateServiceClient::new(self.channel.clone())
             .issue(req)
             .await

@@ -312,6 +312,39 @@ async fn strict_refuses_plaintext_and_serves_callers_with_a_mesh_certificate() {
 
     // PERMISSIVE (the default): plaintext is served beside mutual TLS.
     assert_eq!(plain_get(inbound).await, Ok(200));
+    // A rule's `tls.mode: DISABLE` makes callers dial in plaintext; without
+    // it, the endpoint (a sidecar's) gets mutual TLS again.
+    let endpoint_mtls = |want: bool| {
+        move |v: &serde_json::Value| {
+            v["clusters"]
+                .as_object()
+                .into_iter()
+                .flat_map(|c| c.values())
+                .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+                .any(|e| e["mtls"] == want)
+        }
+    };
+    net.write(
+        "rule.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: backend\nspec:\n  host: backend\n  trafficPolicy:\n    tls: {mode: DISABLE}\n",
+    );
+    wait_sidecar(
+        net.addr(10, 15000),
+        Duration::from_secs(10),
+        endpoint_mtls(false),
+    )
+    .await;
+    let (status, _, _) = get(net.addr(10, 15001), "backend", "/")
+        .await
+        .expect("plaintext");
+    assert_eq!(status, 200);
+    net.remove("rule.yaml");
+    wait_sidecar(
+        net.addr(10, 15000),
+        Duration::from_secs(10),
+        endpoint_mtls(true),
+    )
+    .await;
     mesh.mesh_mode("STRICT").await;
 
     // STRICT: a plaintext request gets no answer at all.

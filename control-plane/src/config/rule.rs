@@ -130,7 +130,10 @@ pub struct TrafficPolicy {
     /// 5xx, 30 s); `consecutive5xxErrors: 0` turns that off.
     #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
+    /// Istio's client TLS settings: `mode` DISABLE (plaintext to every
+    /// endpoint) or ISTIO_MUTUAL (the mesh's mutual TLS to every endpoint);
+    /// without it, mutual TLS to endpoints that run a sidecar. SIMPLE,
+    /// MUTUAL and the other fields are accepted with a warning.
     #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub tls: Option<serde_json::Value>,
@@ -179,7 +182,7 @@ pub struct PortTrafficPolicy {
     /// Outlier detection on this port.
     #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    /// Istio TLS settings: accepted, minimesh does not originate TLS (warning).
+    /// Istio's client TLS settings for this port (see the destination's).
     #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub tls: Option<serde_json::Value>,
@@ -598,7 +601,7 @@ pub use minimesh_proto::Policy;
 mod resolve;
 mod validate;
 
-pub use resolve::Resolved;
+pub use resolve::{Resolved, TlsMode};
 pub use validate::*;
 
 #[cfg(test)]
@@ -695,10 +698,9 @@ mod tests {
             (Some(Duration::from_millis(250)), 0)
         );
         assert_eq!(r.for_port(80), &r);
-        assert_eq!(
-            warnings,
-            vec!["spec.trafficPolicy.portLevelSettings[1].tls: accepted but not enforced (minimesh does not originate TLS)".to_string()]
-        );
+        // Port 9001 is dialed in plaintext, the others by automatic mTLS.
+        assert_eq!((p.tls, r.tls), (TlsMode::Disable, TlsMode::Auto));
+        assert!(warnings.is_empty(), "{warnings:?}");
     }
 
     /// Every field of Istio's DestinationRule (networking.istio.io/v1) in
@@ -777,6 +779,7 @@ subsets:
         let (r, warnings) = validate(&spec).expect("valid");
         assert_eq!(r.policy, Policy::LeastRequest);
         assert_eq!(r.for_port(9080).policy, Policy::RingHash);
+        assert_eq!(r.for_port(9080).tls, TlsMode::IstioMutual);
         let fields: Vec<&str> = warnings
             .iter()
             .map(|w| w.split(':').next().unwrap_or(""))
@@ -790,10 +793,10 @@ subsets:
                 "spec.trafficPolicy.connectionPool.tcp.idleTimeout",
                 "spec.trafficPolicy.connectionPool.tcp.tcpKeepalive",
                 "spec.trafficPolicy.tls",
+                "spec.trafficPolicy.tls.mode",
                 "spec.trafficPolicy.tunnel",
                 "spec.trafficPolicy.proxyProtocol",
                 "spec.trafficPolicy.loadBalancer.localityLbSetting.distribute",
-                "spec.trafficPolicy.portLevelSettings[0].tls",
             ],
             "{warnings:#?}"
         );

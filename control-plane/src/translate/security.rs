@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use minimesh_proto::v1::{Endpoint, PeerAuthentication};
 
+use crate::config::rule::TlsMode;
 use crate::config::security::ROOT_NAMESPACE;
 use crate::store::Store;
 
@@ -19,10 +20,22 @@ pub fn meshed_ips(store: &Store) -> BTreeSet<(&str, u16)> {
         .collect()
 }
 
-/// Marks the endpoints that are a sidecar's inbound listener (an endpoint
-/// on another port of the pod is its app's own).
-pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &BTreeSet<(&str, u16)>) {
+/// Marks the endpoints callers speak mutual TLS to: by the rule's
+/// `tls.mode`, or (none) those that are a sidecar's inbound listener (an
+/// endpoint on another port of the pod is its app's own).
+pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &BTreeSet<(&str, u16)>, mode: TlsMode) {
     for e in endpoints {
+        match mode {
+            TlsMode::Disable => {
+                e.mtls = false;
+                continue;
+            }
+            TlsMode::IstioMutual => {
+                e.mtls = true;
+                continue;
+            }
+            TlsMode::Auto => {}
+        }
         let Some((ip, port)) = e.address.rsplit_once(':') else {
             continue;
         };

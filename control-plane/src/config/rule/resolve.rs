@@ -6,6 +6,20 @@ use std::time::Duration;
 
 use super::*;
 
+/// How a cluster's sidecars dial its endpoints: Istio's
+/// `trafficPolicy.tls.mode`, of which minimesh originates the mesh's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// No `tls`: mutual TLS to the endpoints that run a sidecar (Istio's
+    /// auto mTLS), plaintext to the others.
+    #[default]
+    Auto,
+    /// `DISABLE`: plaintext to every endpoint, sidecar or not.
+    Disable,
+    /// `ISTIO_MUTUAL`: the mesh's mutual TLS to every endpoint.
+    IstioMutual,
+}
+
 /// Settings the sidecar needs, resolved from a valid rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resolved {
@@ -49,6 +63,8 @@ pub struct Resolved {
     pub use_client_protocol: bool,
     /// Streams per upstream HTTP/2 connection at most (0 = unlimited).
     pub max_concurrent_streams: u32,
+    /// How sidecars dial the endpoints (`tls.mode`).
+    pub tls: TlsMode,
     /// Idle upstream connection lifetime.
     pub idle_timeout: Option<Duration>,
     /// Requests per upstream connection (0 = unlimited).
@@ -105,6 +121,7 @@ impl Default for Resolved {
             max_requests_h2: 0,
             use_client_protocol: false,
             max_concurrent_streams: 0,
+            tls: TlsMode::Auto,
             idle_timeout: None,
             max_requests_per_connection: 0,
             max_retries: 0,
@@ -342,8 +359,10 @@ pub(crate) fn resolve(
             ));
         }
     }
+    if let Some(tls) = &tp.tls {
+        resolved.tls = tls_mode(tls, at, warnings)?;
+    }
     for (set, field, why) in [
-        (tp.tls.is_some(), "tls", "minimesh does not originate TLS"),
         (
             tp.tunnel.is_some(),
             "tunnel",
@@ -522,4 +541,46 @@ pub(crate) fn resolve(
         ));
     }
     Ok(resolved)
+}
+
+/// The mode of a `tls` block (Istio's default, with none given: DISABLE).
+fn tls_mode(
+    tls: &serde_json::Value,
+    at: &str,
+    warnings: &mut Vec<String>,
+) -> Result<TlsMode, FieldError> {
+    let mode = match tls.get("mode") {
+        None => "DISABLE",
+        Some(serde_json::Value::String(m)) => m.as_str(),
+        Some(other) => {
+            return Err(FieldError::new(
+                format!("{at}.tls.mode"),
+                format!("{other} is not a string"),
+            ))
+        }
+    };
+    let others = tls
+        .as_object()
+        .is_some_and(|o| o.keys().any(|k| k != "mode"));
+    if others {
+        warnings.push(format!(
+            "{at}.tls: only mode is read; the other fields are accepted but not enforced (certificates are the mesh's own)"
+        ));
+    }
+    Ok(match mode {
+        "DISABLE" => TlsMode::Disable,
+        "ISTIO_MUTUAL" => TlsMode::IstioMutual,
+        "SIMPLE" | "MUTUAL" => {
+            warnings.push(format!(
+                "{at}.tls.mode: {mode} is accepted but not enforced (minimesh originates only the mesh's own mutual TLS, ISTIO_MUTUAL; endpoints that run a sidecar still get it)"
+            ));
+            TlsMode::Auto
+        }
+        other => {
+            return Err(FieldError::new(
+                format!("{at}.tls.mode"),
+                format!("{other:?} is not one of DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL"),
+            ))
+        }
+    })
 }

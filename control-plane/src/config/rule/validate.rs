@@ -113,7 +113,7 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             outlier_detection: own
                 .outlier_detection
                 .or_else(|| tp.outlier_detection.clone()),
-            tls: None,
+            tls: own.tls.or_else(|| tp.tls.clone()),
             port_level_settings: vec![],
             ..tp.clone()
         };
