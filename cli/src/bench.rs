@@ -86,6 +86,12 @@ pub struct BenchArgs {
     /// at half of it).
     #[arg(long, default_value = "60s", value_parser = crate::mesh::parse_duration)]
     pub cert_ttl: Duration,
+    /// For `overhead`: run the mesh with mutual TLS, and measure a sidecar
+    /// pair over it ("sidecar pair, mutual TLS") beside the plaintext pair
+    /// (kept plaintext by a rule's `tls: {mode: DISABLE}`), in the same
+    /// rounds. Not with --baseline-sidecar (an older build may not speak it).
+    #[arg(long)]
+    pub mtls: bool,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
@@ -163,6 +169,9 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
         if args.xds_v3 {
             bail!("--xds-v3: only `minimesh bench control-plane` takes it");
         }
+    }
+    if args.mtls && args.scenario != "overhead" {
+        bail!("--mtls: only `minimesh bench overhead` takes it");
     }
     if args.scenario == "soak" {
         if !(args.qps > 0.0 && args.qps <= 10_000.0) {

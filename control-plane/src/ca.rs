@@ -177,6 +177,43 @@ impl Ca {
     }
 }
 
+impl Ca {
+    /// A key and a certificate for `who` that also names `names` (DNS names
+    /// or IP addresses), both PEM: for a process that stands in for a
+    /// workload without asking over the network (the overhead bench's nginx
+    /// pair, which verifies its peer by address).
+    pub fn issue_with_key(
+        &self,
+        who: &Identity,
+        names: &[String],
+    ) -> anyhow::Result<(String, String)> {
+        let now = SystemTime::now();
+        let mut params = CertificateParams::new(names.to_vec())?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "minimesh");
+        let spiffe_id = who.spiffe_id(&self.trust_domain);
+        params
+            .subject_alt_names
+            .push(SanType::URI(spiffe_id.try_into()?));
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.not_before = (now - Duration::from_secs(60)).into();
+        params.not_after = (now + self.ttl).into();
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
 /// The names the control plane's discovery certificate carries: its
 /// Service's (in the namespace it runs in), `localhost`, and the address
 /// it listens on when that is one address.

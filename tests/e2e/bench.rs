@@ -678,3 +678,60 @@ async fn a_one_minute_soak_loses_no_request_while_replicas_rules_and_certificate
         assert!(samples >= 5, "{p}: {samples} samples\n{stdout}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overhead_measures_a_sidecar_pair_over_mutual_tls_beside_the_plaintext_one() {
+    let net = Net::new(125);
+    let out = net.dir.join("bench");
+    let o = Command::new(bin("minimesh"))
+        .arg("--home")
+        .arg(net.dir.join("home"))
+        .args([
+            "bench", "overhead", "--mtls", "--scale", "0.1", "--rounds", "1",
+        ])
+        .args(["--load-generator", "built-in"])
+        .arg("--out")
+        .arg(&out)
+        .args(["--network", &net.ip(0).to_string()])
+        .args(["--ingress", &net.addr(252, 30000).to_string()])
+        .output()
+        .expect("minimesh bench overhead runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let paths: Vec<&str> = v["paths"]
+        .as_array()
+        .expect("paths")
+        .iter()
+        .map(|p| p["path"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        paths[..4],
+        [
+            "direct",
+            "one sidecar (-> app)",
+            "sidecar pair (-> sidecar -> app)",
+            "sidecar pair, mutual TLS"
+        ],
+        "{v:#}"
+    );
+    for p in v["paths"].as_array().expect("paths") {
+        assert_eq!(p["errors"], 0, "{p}");
+        assert!(p["max_rps"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
+    }
+    // With nginx installed, nginx as a pair over mutual TLS with the mesh's
+    // certificates, and the sidecar pair compared with it round by round.
+    if installed("nginx") {
+        assert!(paths.contains(&"nginx pair, mutual TLS"), "{v:#}");
+        let pairs = v["sidecar_against_peers"].as_array().expect("pairs");
+        assert!(
+            pairs.iter().any(|p| p["peer"] == "nginx pair, mutual TLS"),
+            "{v:#}"
+        );
+    }
+}

@@ -191,7 +191,15 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     let rate = 1000.0;
     std::fs::create_dir_all(out)?;
     let topology = out.join("overhead.topology.yaml");
-    std::fs::write(&topology, TOPOLOGY)?;
+    if args.mtls && args.baseline_sidecar.is_some() {
+        anyhow::bail!("--mtls and --baseline-sidecar: run them apart (an older build may not speak the mesh's mutual TLS)");
+    }
+    let text = if args.mtls {
+        TOPOLOGY.replace("mtls: false", "mtls: true")
+    } else {
+        TOPOLOGY.to_string()
+    };
+    std::fs::write(&topology, text)?;
     println!(
         "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; {rounds} round(s), the paths taking turns, medians reported; {PEER_WORKERS} workers per proxy; load generator: {}",
         generator.name()
@@ -211,7 +219,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     .await?;
     let baseline = args.baseline_sidecar.as_deref();
     let result = paths(
-        &mesh, out, rate, duration, no_peers, &generator, rounds, baseline,
+        &mesh, out, rate, duration, no_peers, &generator, rounds, baseline, args.mtls,
     )
     .await;
     mesh.stop().await;
@@ -286,7 +294,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     if !pairs.is_empty() {
         let _ = writeln!(
             s,
-            "\none sidecar against each peer, round by round (measured in the same round):"
+            "\none sidecar against each peer (with --mtls, the sidecar pair over mutual TLS against nginx's too), round by round (measured in the same round):"
         );
     }
     for p in &pairs {
@@ -327,6 +335,7 @@ async fn paths(
     generator: &Generator,
     rounds: usize,
     baseline: Option<&Path>,
+    mtls: bool,
 ) -> anyhow::Result<Vec<PathResult>> {
     let pod = mesh
         .state
@@ -359,6 +368,27 @@ async fn paths(
             .join("echo-direct.yaml"),
         &direct_yaml,
     )?;
+    if mtls {
+        // With mutual TLS on: `echo` stays plaintext (a rule's tls DISABLE),
+        // as the rows it is compared with; `echo-mtls` is the same pod's
+        // sidecar over mutual TLS.
+        let mtls_yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: echo-mtls, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: {port}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-mtls-local\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: echo-mtls}}\naddressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod_name}, namespace: {ns}}}\n",
+            port = pod.port,
+            ip = pod.ip,
+            pod_name = pod.name,
+        );
+        let dir = &mesh.state.config_dir;
+        crate::mesh::write_atomic(&dir.join("services").join("echo-mtls.yaml"), &mtls_yaml)?;
+        let rule = out.join("echo-plaintext.yaml");
+        std::fs::write(
+            &rule,
+            format!("apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: echo-plaintext, namespace: {ns}}}\nspec:\n  host: echo\n  trafficPolicy:\n    tls: {{mode: DISABLE}}\n"),
+        )?;
+        for r in crate::apply::apply_file(&mesh.state, &rule)? {
+            crate::apply::wait_rule(&mesh.state, &r.key, r.policy).await?;
+        }
+    }
     crate::mesh::wait_converged(&mesh.state, Duration::from_secs(10)).await?;
     let target = |addr: SocketAddr, host: &str| Target {
         addr,
@@ -385,6 +415,13 @@ async fn paths(
                 .collect::<Vec<_>>(),
         ),
     ];
+    if mtls {
+        specs.push((
+            paired::MTLS_PAIR.to_string(),
+            target(outbound, "echo-mtls"),
+            client_sidecar.into_iter().chain(server_sidecar).collect(),
+        ));
+    }
     // Another build's sidecar, beside the client pod's: the same flags, its
     // own address, the same control plane.
     let mut baseline_proc = None;
@@ -486,6 +523,50 @@ async fn paths(
                 ));
             }
             running.push(peer);
+        }
+    }
+    if mtls && !no_peers {
+        if let Some(binary) = peers::find(peers::Kind::Nginx.binary()) {
+            // nginx as a pair over mutual TLS with the mesh's certificates,
+            // beside the sidecar pair over it.
+            let o = pod.ip.octets();
+            let at = |port| SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), port));
+            let ca = minimesh_control_plane::ca::Ca::load_or_create(
+                &mesh.home.join("ca"),
+                "cluster.local",
+                Duration::from_secs(86_400),
+            )?;
+            let pair = peers::mtls::start_nginx_pair(
+                &binary,
+                &out.join("nginx-mtls"),
+                &ca,
+                ns,
+                at(30003),
+                at(30004),
+                pod.app(),
+            )
+            .await;
+            match pair {
+                Ok(pair) => {
+                    specs.push((
+                        paired::NGINX_MTLS_PAIR.to_string(),
+                        target(at(30003), "echo"),
+                        pair.front
+                            .pid()
+                            .into_iter()
+                            .chain(pair.back.pid())
+                            .collect(),
+                    ));
+                    running.push(pair.front);
+                    running.push(pair.back);
+                }
+                Err(e) => {
+                    for p in running {
+                        peers::Peer::stop(p).await;
+                    }
+                    return Err(e);
+                }
+            }
         }
     }
     specs.extend(floor_spec);

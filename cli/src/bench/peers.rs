@@ -12,6 +12,8 @@ use tokio::process::{Child, Command};
 
 use crate::mesh::Pod;
 
+pub mod mtls;
+
 /// Which proxy a peer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -214,10 +216,21 @@ pub async fn start(
         Kind::Haproxy => (dir.join("haproxy.cfg"), haproxy_conf(c)),
     };
     std::fs::write(&conf, text)?;
-    if tokio::net::TcpStream::connect(c.listen).await.is_ok() {
+    launch(kind, binary, &dir, &conf, c.listen).await
+}
+
+/// Checks `conf` with the proxy's own test mode, starts the proxy on it and
+/// waits until it accepts connections on `listen`.
+pub async fn launch(
+    kind: Kind,
+    binary: &Path,
+    dir: &Path,
+    conf: &Path,
+    listen: SocketAddr,
+) -> anyhow::Result<Peer> {
+    if tokio::net::TcpStream::connect(listen).await.is_ok() {
         bail!(
-            "{} is already in use (a proxy left from an earlier run?); stop it and try again",
-            c.listen
+            "{listen} is already in use (a proxy left from an earlier run?); stop it and try again"
         );
     }
     let mut check = Command::new(binary);
@@ -227,12 +240,12 @@ pub async fn start(
             let prefix = format!("{}/", dir.display());
             check
                 .args(["-p", &prefix, "-e", "stderr", "-t", "-c"])
-                .arg(&conf);
-            run.args(["-p", &prefix, "-e", "stderr", "-c"]).arg(&conf);
+                .arg(conf);
+            run.args(["-p", &prefix, "-e", "stderr", "-c"]).arg(conf);
         }
         Kind::Haproxy => {
-            check.args(["-c", "-f"]).arg(&conf);
-            run.args(["-db", "-f"]).arg(&conf);
+            check.args(["-c", "-f"]).arg(conf);
+            run.args(["-db", "-f"]).arg(conf);
         }
     }
     let out = check
@@ -265,16 +278,12 @@ pub async fn start(
                 dir.join("stderr.log").display()
             );
         }
-        if tokio::net::TcpStream::connect(c.listen).await.is_ok() {
+        if tokio::net::TcpStream::connect(listen).await.is_ok() {
             return Ok(peer);
         }
         if tokio::time::Instant::now() > deadline {
             peer.stop().await;
-            bail!(
-                "{} did not listen on {} within 10s",
-                kind.binary(),
-                c.listen
-            );
+            bail!("{} did not listen on {listen} within 10s", kind.binary());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

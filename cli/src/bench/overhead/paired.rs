@@ -28,19 +28,37 @@ pub(super) fn paired(results: &[PathResult]) -> Vec<Paired> {
     let per_round = |a: &[f64], b: &[f64], f: fn(f64, f64) -> f64| -> Vec<f64> {
         a.iter().zip(b).map(|(x, y)| f(*x, *y)).collect()
     };
-    results
+    let pair = |ours: &PathResult, theirs: &PathResult, peer: String| Paired {
+        peer,
+        max_rps_ratio: per_round(&ours.max_rps_rounds, &theirs.max_rps_rounds, |s, p| {
+            s / p.max(1.0)
+        }),
+        p50_diff_ms: per_round(&ours.p50_ms_rounds, &theirs.p50_ms_rounds, |s, p| s - p),
+        p99_diff_ms: per_round(&ours.p99_ms_rounds, &theirs.p99_ms_rounds, |s, p| s - p),
+    };
+    let mut out: Vec<Paired> = results
         .iter()
         .filter(|r| r.path.ends_with("(-> app)") && !r.path.starts_with("one sidecar"))
-        .map(|peer| Paired {
-            peer: peer.path.trim_end_matches(" (-> app)").to_string(),
-            max_rps_ratio: per_round(&sidecar.max_rps_rounds, &peer.max_rps_rounds, |s, p| {
-                s / p.max(1.0)
-            }),
-            p50_diff_ms: per_round(&sidecar.p50_ms_rounds, &peer.p50_ms_rounds, |s, p| s - p),
-            p99_diff_ms: per_round(&sidecar.p99_ms_rounds, &peer.p99_ms_rounds, |s, p| s - p),
+        .map(|peer| {
+            pair(
+                sidecar,
+                peer,
+                peer.path.trim_end_matches(" (-> app)").to_string(),
+            )
         })
-        .collect()
+        .collect();
+    // With --mtls: the sidecar pair over mutual TLS against nginx's.
+    let find = |name: &str| results.iter().find(|r| r.path == name);
+    if let (Some(ours), Some(theirs)) = (find(MTLS_PAIR), find(NGINX_MTLS_PAIR)) {
+        out.push(pair(ours, theirs, NGINX_MTLS_PAIR.to_string()));
+    }
+    out
 }
+
+/// The sidecar pair over mutual TLS (`--mtls`).
+pub(super) const MTLS_PAIR: &str = "sidecar pair, mutual TLS";
+/// nginx's pair over mutual TLS (`--mtls`, nginx installed).
+pub(super) const NGINX_MTLS_PAIR: &str = "nginx pair, mutual TLS";
 
 /// A line of per-round values, their median, and in how many rounds the
 /// sidecar was ahead of the peer or even (`better`).
