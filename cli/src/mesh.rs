@@ -313,31 +313,12 @@ impl Mesh {
                 .collect(),
             not_ready: BTreeSet::new(),
         };
-        // Mutual TLS between every sidecar: tokens for the CA, and the pods
-        // labelled as running a sidecar.
+        // Mutual TLS between every sidecar: tokens for the CA, labelled pods.
         let ids = match topo.spec.mtls {
-            true => {
-                let pods: Vec<Pod> = mesh.state.pods.clone();
-                write_atomic(
-                    &mesh.state.config_dir.join("services").join("pods.yaml"),
-                    &identity::pods_yaml(&ns, &pods),
-                )?;
-                Some(identity::Identities::prepare(home, &ns, &pods)?)
-            }
+            true => Some(identity::Identities::prepare(home, &ns, &mesh.state)?),
             false => None,
         };
-        let mtls_args = |workload: &str| -> Vec<OsString> {
-            ids.iter()
-                .flat_map(|i| {
-                    [
-                        OsString::from("--ca-root"),
-                        i.root().into(),
-                        "--token-file".into(),
-                        i.token_file(workload).into(),
-                    ]
-                })
-                .collect()
-        };
+        let mtls_args = |workload: &str| identity::sidecar_args(ids.as_ref(), workload);
         // Services first (no endpoints yet), so that routes exist from the start.
         for svc in &topo.spec.services {
             mesh.write_service(&svc.name, svc.port, svc.target_port, false)?;
@@ -354,26 +335,10 @@ impl Mesh {
                 .args(["--admin-addr", &s.control_plane_admin.to_string()])
                 // Reports every second, so that `minimesh top` is live.
                 .args(["--load-report-interval", "1s"])
-                .args(ids.iter().flat_map(|i| {
-                    [
-                        OsString::from("--ca-dir"),
-                        i.ca_dir.clone().into(),
-                        "--workload-tokens".into(),
-                        i.tokens_file.clone().into(),
-                    ]
-                }))
-                .args(
-                    args.workload_cert_ttl
-                        .filter(|_| ids.is_some())
-                        .map(|t| {
-                            [
-                                "--workload-cert-ttl".to_string(),
-                                format!("{}ms", t.as_millis()),
-                            ]
-                        })
-                        .into_iter()
-                        .flatten(),
-                ),
+                .args(identity::control_plane_args(
+                    ids.as_ref(),
+                    args.workload_cert_ttl,
+                )),
         )?;
         wait_http(
             &s.control_plane_admin.to_string(),

@@ -22,7 +22,6 @@ pub mod translate;
 pub mod webhook;
 pub mod xds_v3;
 
-use minimesh_proto::v1::MtlsMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -361,35 +360,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         forward,
     };
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics.clone());
-    let certificates = match &args.ca_dir {
+    let (certificates, tls) = match &args.ca_dir {
         Some(dir) => {
-            let ca = ca::Ca::load_or_create(dir, &args.trust_domain, args.workload_cert_ttl)?;
             let tokens = args
                 .workload_tokens
                 .as_deref()
                 .context("--ca-dir needs --workload-tokens")?;
-            Some(ca::service::Certificates {
-                ca: Arc::new(ca),
-                auth: Arc::new(ca::service::Auth {
-                    tokens: ca::auth::Tokens::load(tokens)?,
-                    refusals: metrics.auth_refusals.clone(),
-                }),
-                issued: metrics.certificates_issued.clone(),
-            })
+            let ca = ca::Ca::load_or_create(dir, &args.trust_domain, args.workload_cert_ttl)?;
+            let (c, tls) = ca::service::Certificates::serve(ca, tokens, &metrics, args.xds_addr)?;
+            (Some(c), Some(tls))
         }
-        None => None,
-    };
-    // With a CA, discovery is TLS, with a certificate of its own.
-    let tls = match &certificates {
-        Some(c) => {
-            let namespace =
-                std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "minimesh-system".into());
-            let names = ca::serving_names(args.xds_addr, &namespace);
-            let (cert, key) = c.ca.serving(&names)?;
-            let identity = tonic::transport::Identity::from_pem(cert, key);
-            Some(tonic::transport::ServerTlsConfig::new().identity(identity))
-        }
-        None => None,
+        None => (None, None),
     };
     grpc::serve(
         xds_listener,
@@ -594,22 +575,7 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             })
         })
         .collect();
-    let peer_authentications = store
-        .peer_auth
-        .iter()
-        .map(|(key, (_, mode))| {
-            json!({
-                "namespace": key.namespace,
-                "name": key.name,
-                "mode": match mode {
-                    MtlsMode::MtlsStrict => "STRICT",
-                    MtlsMode::MtlsPermissive => "PERMISSIVE",
-                    MtlsMode::Unset => "UNSET",
-                },
-                "meshWide": key.namespace == config::security::ROOT_NAMESPACE,
-            })
-        })
-        .collect();
+    let peer_authentications = config::security::view(&store.peer_auth);
     admin.set_config(ConfigView {
         rules,
         peer_authentications,

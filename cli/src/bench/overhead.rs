@@ -36,6 +36,7 @@ mod generator;
 pub use generator::Generator;
 use generator::*;
 
+mod mtls;
 mod paired;
 pub use paired::Paired;
 use paired::*;
@@ -191,15 +192,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     let rate = 1000.0;
     std::fs::create_dir_all(out)?;
     let topology = out.join("overhead.topology.yaml");
-    if args.mtls && args.baseline_sidecar.is_some() {
-        anyhow::bail!("--mtls and --baseline-sidecar: run them apart (an older build may not speak the mesh's mutual TLS)");
-    }
-    let text = if args.mtls {
-        TOPOLOGY.replace("mtls: false", "mtls: true")
-    } else {
-        TOPOLOGY.to_string()
-    };
-    std::fs::write(&topology, text)?;
+    std::fs::write(&topology, mtls::topology(args)?)?;
     println!(
         "minimesh bench overhead: a zero-latency backend at {rate} req/s for {duration:?} per path (10 connections), then saturated with 64; {rounds} round(s), the paths taking turns, medians reported; {PEER_WORKERS} workers per proxy; load generator: {}",
         generator.name()
@@ -369,25 +362,7 @@ async fn paths(
         &direct_yaml,
     )?;
     if mtls {
-        // With mutual TLS on: `echo` stays plaintext (a rule's tls DISABLE),
-        // as the rows it is compared with; `echo-mtls` is the same pod's
-        // sidecar over mutual TLS.
-        let mtls_yaml = format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: echo-mtls, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: {port}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-mtls-local\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: echo-mtls}}\naddressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod_name}, namespace: {ns}}}\n",
-            port = pod.port,
-            ip = pod.ip,
-            pod_name = pod.name,
-        );
-        let dir = &mesh.state.config_dir;
-        crate::mesh::write_atomic(&dir.join("services").join("echo-mtls.yaml"), &mtls_yaml)?;
-        let rule = out.join("echo-plaintext.yaml");
-        std::fs::write(
-            &rule,
-            format!("apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: echo-plaintext, namespace: {ns}}}\nspec:\n  host: echo\n  trafficPolicy:\n    tls: {{mode: DISABLE}}\n"),
-        )?;
-        for r in crate::apply::apply_file(&mesh.state, &rule)? {
-            crate::apply::wait_rule(&mesh.state, &r.key, r.policy).await?;
-        }
+        mtls::services(mesh, out, &pod).await?;
     }
     crate::mesh::wait_converged(&mesh.state, Duration::from_secs(10)).await?;
     let target = |addr: SocketAddr, host: &str| Target {
@@ -415,13 +390,13 @@ async fn paths(
                 .collect::<Vec<_>>(),
         ),
     ];
-    if mtls {
-        specs.push((
-            paired::MTLS_PAIR.to_string(),
-            target(outbound, "echo-mtls"),
-            client_sidecar.into_iter().chain(server_sidecar).collect(),
-        ));
-    }
+    let pair_pids = client_sidecar.into_iter().chain(server_sidecar);
+    let mtls_pair = (
+        paired::MTLS_PAIR.to_string(),
+        target(outbound, "echo-mtls"),
+        pair_pids.collect(),
+    );
+    specs.extend(mtls.then_some(mtls_pair));
     // Another build's sidecar, beside the client pod's: the same flags, its
     // own address, the same control plane.
     let mut baseline_proc = None;
@@ -526,47 +501,17 @@ async fn paths(
         }
     }
     if mtls && !no_peers {
-        if let Some(binary) = peers::find(peers::Kind::Nginx.binary()) {
-            // nginx as a pair over mutual TLS with the mesh's certificates,
-            // beside the sidecar pair over it.
-            let o = pod.ip.octets();
-            let at = |port| SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), port));
-            let ca = minimesh_control_plane::ca::Ca::load_or_create(
-                &mesh.home.join("ca"),
-                "cluster.local",
-                Duration::from_secs(86_400),
-            )?;
-            let pair = peers::mtls::start_nginx_pair(
-                &binary,
-                &out.join("nginx-mtls"),
-                &ca,
-                ns,
-                at(30003),
-                at(30004),
-                pod.app(),
-            )
-            .await;
-            match pair {
-                Ok(pair) => {
-                    specs.push((
-                        paired::NGINX_MTLS_PAIR.to_string(),
-                        target(at(30003), "echo"),
-                        pair.front
-                            .pid()
-                            .into_iter()
-                            .chain(pair.back.pid())
-                            .collect(),
-                    ));
-                    running.push(pair.front);
-                    running.push(pair.back);
-                }
-                Err(e) => {
-                    for p in running {
-                        peers::Peer::stop(p).await;
-                    }
-                    return Err(e);
-                }
-            }
+        let o = pod.ip.octets();
+        let at = |port| SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], 251), port));
+        // On an error, `running`'s peers are killed as they drop.
+        let pair = mtls::nginx_pair(mesh, out, &pod, at(30003), at(30004)).await?;
+        if let Some((pids, pair)) = pair {
+            specs.push((
+                paired::NGINX_MTLS_PAIR.to_string(),
+                target(at(30003), "echo"),
+                pids,
+            ));
+            running.extend([pair.front, pair.back]);
         }
     }
     specs.extend(floor_spec);

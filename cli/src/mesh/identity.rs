@@ -5,13 +5,15 @@
 //! the control plane), and a `Pod` object per pod labelled as running a
 //! sidecar, so that callers speak mutual TLS to it.
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 
-use super::{write_atomic, Pod};
+use super::{write_atomic, MeshState, Pod};
 
 /// Where the mesh's identities live.
 pub struct Identities {
@@ -26,8 +28,14 @@ pub struct Identities {
 pub const GATEWAY: &str = "ingress-gateway";
 
 impl Identities {
-    /// Writes a fresh token for every pod and the gateway.
-    pub fn prepare(home: &Path, namespace: &str, pods: &[Pod]) -> anyhow::Result<Identities> {
+    /// Writes a fresh token for every pod and the gateway, and the pods'
+    /// `Pod` objects into the config directory.
+    pub fn prepare(home: &Path, namespace: &str, state: &MeshState) -> anyhow::Result<Identities> {
+        let pods = &state.pods;
+        write_atomic(
+            &state.config_dir.join("services").join("pods.yaml"),
+            &pods_yaml(namespace, pods),
+        )?;
         let ids = Identities {
             ca_dir: std::path::absolute(home.join("ca"))?,
             tokens_file: std::path::absolute(home.join("tokens.yaml"))?,
@@ -61,6 +69,39 @@ impl Identities {
     pub fn root(&self) -> PathBuf {
         self.ca_dir.join("root-cert.pem")
     }
+}
+
+/// A sidecar's flags for mutual TLS as `workload` (none without).
+pub fn sidecar_args(ids: Option<&Identities>, workload: &str) -> Vec<OsString> {
+    ids.iter()
+        .flat_map(|i| {
+            [
+                OsString::from("--ca-root"),
+                i.root().into(),
+                "--token-file".into(),
+                i.token_file(workload).into(),
+            ]
+        })
+        .collect()
+}
+
+/// The control plane's flags for the CA (none without), with the
+/// certificates' lifetime when one is given.
+pub fn control_plane_args(ids: Option<&Identities>, ttl: Option<Duration>) -> Vec<OsString> {
+    let Some(i) = ids else {
+        return Vec::new();
+    };
+    let mut args: Vec<OsString> = vec![
+        "--ca-dir".into(),
+        i.ca_dir.clone().into(),
+        "--workload-tokens".into(),
+        i.tokens_file.clone().into(),
+    ];
+    if let Some(t) = ttl {
+        args.push("--workload-cert-ttl".into());
+        args.push(format!("{}ms", t.as_millis()).into());
+    }
+    args
 }
 
 /// The `Pod` objects of `pods`, each labelled as running a sidecar.

@@ -67,6 +67,33 @@ pub struct Certificates {
     pub issued: Counter,
 }
 
+impl Certificates {
+    /// The certificate service of `ca`, callers checked against the tokens
+    /// file, and the discovery port's TLS: a certificate the CA signs now
+    /// for the control plane's names (its Service's in `POD_NAMESPACE`,
+    /// `localhost`, the address of `xds`).
+    pub fn serve(
+        ca: Ca,
+        tokens: &std::path::Path,
+        metrics: &crate::metrics::Metrics,
+        xds: std::net::SocketAddr,
+    ) -> anyhow::Result<(Certificates, tonic::transport::ServerTlsConfig)> {
+        let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "minimesh-system".into());
+        let (cert, key) = ca.serving(&super::serving_names(xds, &namespace))?;
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key));
+        let certificates = Certificates {
+            ca: Arc::new(ca),
+            auth: Arc::new(Auth {
+                tokens: Tokens::load(tokens)?,
+                refusals: metrics.auth_refusals.clone(),
+            }),
+            issued: metrics.certificates_issued.clone(),
+        };
+        Ok((certificates, tls))
+    }
+}
+
 #[tonic::async_trait]
 impl CertificateService for Certificates {
     async fn issue(&self, req: Request<IssueRequest>) -> Result<Response<IssueResponse>, Status> {

@@ -45,18 +45,19 @@ impl NodeNamespace for minimesh_proto::v1::LoadStatsRequest {
     }
 }
 
-/// `inbound`, ended with the refusal at the first request whose node names
-/// a namespace other than the call's identity's (unchanged when the call
-/// was not authenticated: no `--workload-tokens`).
+/// A call's request stream, ended with the refusal at the first request
+/// whose node names a namespace other than the call's identity's
+/// (unchanged when the call was not authenticated: no `--workload-tokens`).
 pub fn checked<I, R>(
-    inbound: I,
-    caller: Option<Authenticated>,
+    request: tonic::Request<I>,
     service: &'static str,
 ) -> impl Stream<Item = Result<R, Status>> + Send + Unpin + 'static
 where
     I: Stream<Item = Result<R, Status>> + Send + Unpin + 'static,
     R: NodeNamespace + Send + 'static,
 {
+    let caller = request.extensions().get::<Authenticated>().cloned();
+    let inbound = request.into_inner();
     inbound.map(move |r| {
         let (Some(c), Ok(req)) = (&caller, &r) else {
             return r;

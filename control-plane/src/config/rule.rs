@@ -130,10 +130,7 @@ pub struct TrafficPolicy {
     /// 5xx, 30 s); `consecutive5xxErrors: 0` turns that off.
     #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    /// Istio's client TLS settings: `mode` DISABLE (plaintext to every
-    /// endpoint) or ISTIO_MUTUAL (the mesh's mutual TLS to every endpoint);
-    /// without it, mutual TLS to endpoints that run a sidecar. SIMPLE,
-    /// MUTUAL and the other fields are accepted with a warning.
+    /// Istio's client TLS settings: `mode` DISABLE or ISTIO_MUTUAL (docs/rules.md#tls).
     #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub tls: Option<serde_json::Value>,

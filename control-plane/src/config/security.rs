@@ -146,6 +146,30 @@ impl Pod {
     }
 }
 
+/// The PeerAuthentications in force, as the admin port's `/debug/config`
+/// lists them.
+pub fn view(
+    all: &std::collections::BTreeMap<
+        super::parse::ObjectKey,
+        (std::sync::Arc<PeerAuthentication>, MtlsMode),
+    >,
+) -> Vec<serde_json::Value> {
+    all.iter()
+        .map(|(key, (_, mode))| {
+            serde_json::json!({
+                "namespace": key.namespace,
+                "name": key.name,
+                "mode": match mode {
+                    MtlsMode::MtlsStrict => "STRICT",
+                    MtlsMode::MtlsPermissive => "PERMISSIVE",
+                    MtlsMode::Unset => "UNSET",
+                },
+                "meshWide": key.namespace == ROOT_NAMESPACE,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

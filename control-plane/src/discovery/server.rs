@@ -7,7 +7,7 @@
 //! `error_detail` NACKs the last response, and that version is not sent
 //! again; the next change produces a new version.
 
-use crate::ca::streams::{checked, Authenticated};
+use crate::ca::streams::checked;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -59,18 +59,14 @@ impl AggregatedDiscoveryService for Discovery {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let caller = request.extensions().get::<Authenticated>().cloned();
-        let inbound = checked(request.into_inner(), caller, "discovery");
-        Ok(Response::new(self.sotw(inbound)))
+        Ok(Response::new(self.sotw(checked(request, "discovery"))))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let caller = request.extensions().get::<Authenticated>().cloned();
-        let inbound = checked(request.into_inner(), caller, "discovery");
-        Ok(Response::new(self.delta(inbound)))
+        Ok(Response::new(self.delta(checked(request, "discovery"))))
     }
 }
 
