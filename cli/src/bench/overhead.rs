@@ -287,7 +287,8 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     if !pairs.is_empty() {
         let _ = writeln!(
             s,
-            "\none sidecar against each peer (with --mtls, the sidecar pair over mutual TLS against nginx's too), round by round (measured in the same round):"
+            "\none sidecar against each peer, round by round (measured in the same round; \"{}\": the sidecar pair over mutual TLS against it):",
+            paired::NGINX_MTLS_PAIR
         );
     }
     for p in &pairs {
