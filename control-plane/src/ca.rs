@@ -113,31 +113,8 @@ impl Ca {
             .map_err(|e| format!("csr_pem: not a valid certificate signing request: {e}"))?;
         let spiffe_id = who.spiffe_id(&self.trust_domain);
         let now = SystemTime::now();
-        // A minute's slack for clocks a little behind.
-        let not_before = now - Duration::from_secs(60);
         let not_after = now + self.ttl;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "minimesh");
-        params.subject_alt_names = vec![SanType::URI(
-            spiffe_id
-                .clone()
-                .try_into()
-                .map_err(|e| format!("identity {spiffe_id:?}: {e}"))?,
-        )];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.not_before = not_before.into();
-        params.not_after = not_after.into();
-        params.use_authority_key_identifier_extension = true;
+        let params = self.workload_params(&spiffe_id, &[], now)?;
         let signed = CertificateSigningRequestParams {
             params,
             public_key: csr.public_key,
@@ -178,25 +155,25 @@ impl Ca {
 }
 
 impl Ca {
-    /// A key and a certificate for `who` that also names `names` (DNS names
-    /// or IP addresses), both PEM: for a process that stands in for a
-    /// workload without asking over the network (the overhead bench's nginx
-    /// pair, which verifies its peer by address).
-    pub fn issue_with_key(
+    /// A workload certificate's settings: the SPIFFE ID (and `names`, DNS
+    /// names or addresses) as its names, server and client use, valid from
+    /// a minute before `now` (clocks a little behind) for the lifetime.
+    fn workload_params(
         &self,
-        who: &Identity,
+        spiffe_id: &str,
         names: &[String],
-    ) -> anyhow::Result<(String, String)> {
-        let now = SystemTime::now();
-        let mut params = CertificateParams::new(names.to_vec())?;
+        now: SystemTime,
+    ) -> Result<CertificateParams, String> {
+        let mut params = CertificateParams::new(names.to_vec()).map_err(|e| e.to_string())?;
         params.distinguished_name = rcgen::DistinguishedName::new();
         params
             .distinguished_name
             .push(DnType::OrganizationName, "minimesh");
-        let spiffe_id = who.spiffe_id(&self.trust_domain);
-        params
-            .subject_alt_names
-            .push(SanType::URI(spiffe_id.try_into()?));
+        let uri = spiffe_id
+            .to_string()
+            .try_into()
+            .map_err(|e| format!("identity {spiffe_id:?}: {e}"))?;
+        params.subject_alt_names.push(SanType::URI(uri));
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -208,6 +185,22 @@ impl Ca {
         params.not_before = (now - Duration::from_secs(60)).into();
         params.not_after = (now + self.ttl).into();
         params.use_authority_key_identifier_extension = true;
+        Ok(params)
+    }
+
+    /// A key and a certificate for `who` that also names `names` (DNS names
+    /// or IP addresses), both PEM: for a process that stands in for a
+    /// workload without asking over the network (the overhead bench's nginx
+    /// pair, which verifies its peer by address).
+    pub fn issue_with_key(
+        &self,
+        who: &Identity,
+        names: &[String],
+    ) -> anyhow::Result<(String, String)> {
+        let spiffe_id = who.spiffe_id(&self.trust_domain);
+        let params = self
+            .workload_params(&spiffe_id, names, SystemTime::now())
+            .map_err(anyhow::Error::msg)?;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
