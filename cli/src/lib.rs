@@ -127,8 +127,12 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Run a load-balancing experiment (a scenario file) for every policy it lists.
     Bench(bench::BenchArgs),
-    /// Print the CustomResourceDefinitions (YAML) to install on Kubernetes, generated from the Rust types.
-    Crds,
+    /// Print a CustomResourceDefinition (YAML) to install on Kubernetes, generated from the Rust types.
+    Crds {
+        /// Which: `destinationrules` or `peerauthentications`.
+        #[arg(default_value = "destinationrules", value_parser = ["destinationrules", "peerauthentications"])]
+        kind: String,
+    },
 }
 
 /// Entry point of the `minimesh` binary.
@@ -136,7 +140,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Apply(_) | Command::Get(_) | Command::Top(_) | Command::Kill(_) | Command::Crds
+        Command::Apply(_)
+            | Command::Get(_)
+            | Command::Top(_)
+            | Command::Kill(_)
+            | Command::Crds { .. }
     ) {
         init_tracing_quiet();
     }
@@ -155,8 +163,11 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Crds => {
-            print!("{}", minimesh_control_plane::config::crd::crd_yaml());
+        Command::Crds { kind } => {
+            let crds = minimesh_control_plane::config::crd::crds();
+            if let Some((_, _, yaml)) = crds.iter().find(|(k, _, _)| *k == kind) {
+                print!("{yaml}");
+            }
             ExitCode::SUCCESS
         }
     }

@@ -15,7 +15,9 @@ use rcgen::{
 
 pub mod auth;
 pub mod service;
+pub mod setup;
 pub mod streams;
+pub mod token_review;
 
 /// Who a workload is, as its credentials prove.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -209,8 +211,13 @@ impl Ca {
 
 /// The names the control plane's discovery certificate carries: its
 /// Service's (in the namespace it runs in), `localhost`, and the address
-/// it listens on when that is one address.
-pub fn serving_names(xds: std::net::SocketAddr, namespace: &str) -> Vec<String> {
+/// it listens on when that is one address, and the pod's address (where
+/// the other replicas pass the leader their load reports).
+pub fn serving_names(
+    xds: std::net::SocketAddr,
+    namespace: &str,
+    pod_ip: Option<&str>,
+) -> Vec<String> {
     let svc = "minimesh-control-plane";
     let mut names = vec![
         svc.to_string(),
@@ -222,6 +229,11 @@ pub fn serving_names(xds: std::net::SocketAddr, namespace: &str) -> Vec<String> 
     if !xds.ip().is_unspecified() {
         names.push(xds.ip().to_string());
     }
+    names.extend(
+        pod_ip
+            .filter(|ip| *ip != xds.ip().to_string())
+            .map(str::to_string),
+    );
     names
 }
 

@@ -150,6 +150,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
 impl<B> Service<http::Request<B>> for NamedPaths
 where
+    B: Send + 'static,
     Routes:
         Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>,
     <Routes as Service<http::Request<B>>>::Future: Send + 'static,
@@ -164,38 +165,51 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let path = request.uri().path().to_string();
-        if let Some(auth) = &self.1 {
-            // The certificate service checks its own callers.
-            if !path.starts_with(CERTIFICATES_PATH) {
-                let service = if path.contains("LoadReporting") || path.contains("LoadStats") {
-                    "load_reports"
-                } else {
-                    "discovery"
-                };
-                let metadata =
-                    tonic::metadata::MetadataMap::from_headers(request.headers().clone());
-                match auth.check(service, &metadata) {
-                    Ok(who) => {
-                        request.extensions_mut().insert(Authenticated {
-                            who,
-                            auth: auth.clone(),
-                        });
-                    }
-                    Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
-                }
-            }
-        }
-        let response = self.0.call(request);
+        // The certificate service checks its own callers.
+        let auth = self
+            .1
+            .clone()
+            .filter(|_| !path.starts_with(CERTIFICATES_PATH));
+        let Some(auth) = auth else {
+            return Box::pin(named(self.0.call(request), path));
+        };
+        // The routes were made ready for this call: take them along, and
+        // leave a fresh clone (to be made ready) for the next.
+        let ready = self.0.clone();
+        let mut routes = std::mem::replace(&mut self.0, ready);
         Box::pin(async move {
-            let response = response.await?;
-            let headers = response.headers();
-            let unimplemented = headers
-                .get(Status::GRPC_STATUS)
-                .is_some_and(|s| s.as_bytes() == b"12");
-            if unimplemented && !headers.contains_key(Status::GRPC_MESSAGE) {
-                return Ok(Status::unimplemented(format!("no service serves {path}")).into_http());
+            let service = if path.contains("LoadReporting") || path.contains("LoadStats") {
+                "load_reports"
+            } else {
+                "discovery"
+            };
+            let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+            match auth.check(service, &metadata).await {
+                Ok(who) => {
+                    request.extensions_mut().insert(Authenticated { who, auth });
+                }
+                Err(status) => return Ok(status.into_http()),
             }
-            Ok(response)
+            named(routes.call(request), path).await
         })
     }
+}
+
+/// A call's response, with UNIMPLEMENTED naming the path.
+async fn named<F>(
+    response: F,
+    path: String,
+) -> Result<http::Response<tonic::body::Body>, Infallible>
+where
+    F: Future<Output = Result<http::Response<tonic::body::Body>, Infallible>>,
+{
+    let response = response.await?;
+    let headers = response.headers();
+    let unimplemented = headers
+        .get(Status::GRPC_STATUS)
+        .is_some_and(|s| s.as_bytes() == b"12");
+    if unimplemented && !headers.contains_key(Status::GRPC_MESSAGE) {
+        return Ok(Status::unimplemented(format!("no service serves {path}")).into_http());
+    }
+    Ok(response)
 }

@@ -114,26 +114,9 @@ pub struct Args {
     /// Address of the admin HTTP server (/healthz, /metrics, /debug/*).
     #[arg(long, env = "MINIMESH_ADMIN_ADDR", default_value = "127.0.0.1:15014")]
     pub admin_addr: SocketAddr,
-    /// The mesh's certificate authority: the directory of its root
-    /// (`root-cert.pem`, `root-key.pem`), generated there at first start
-    /// when absent. With it, sidecars get certificates for mutual TLS on the
-    /// discovery port (needs `--workload-tokens`). Unset: no CA.
-    #[arg(long, env = "MINIMESH_CA_DIR", requires = "workload_tokens")]
-    pub ca_dir: Option<PathBuf>,
-    /// The SPIFFE trust domain of workload certificates
-    /// (`spiffe://<trust domain>/ns/<namespace>/sa/<service account>`).
-    #[arg(long, env = "MINIMESH_TRUST_DOMAIN", default_value = "cluster.local")]
-    pub trust_domain: String,
-    /// How long a workload certificate lasts; sidecars renew at half of it.
-    #[arg(long, env = "MINIMESH_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = duration)]
-    pub workload_cert_ttl: Duration,
-    /// A YAML file of workload tokens (`tokens: [{token, namespace,
-    /// serviceAccount}]`, as `minimesh up` writes one per pod): certificate
-    /// requests must carry one as `authorization: Bearer <token>`, and the
-    /// certificate names its namespace and service account. Read again
-    /// when it changes.
-    #[arg(long, env = "MINIMESH_WORKLOAD_TOKENS")]
-    pub workload_tokens: Option<PathBuf>,
+    /// The mesh's certificate authority.
+    #[command(flatten)]
+    pub ca: ca::setup::CaArgs,
     /// Serve the admin port's `/debug/*` views (every rule, endpoint and
     /// proxy of the mesh) to every caller. Off, they answer loopback
     /// callers only (`kubectl port-forward`, `minimesh get` on the same
@@ -223,14 +206,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (weights_tx, weights_rx) = watch::channel(0u64);
     let mut computes = watch::channel(true).1;
     let mut forward = None;
+    // The CA and how callers are checked (both or neither).
+    let ca: Option<ca::Ca>;
+    let mut auth = None;
     let store_rx = if args.source == "kubernetes" {
         let client = source::kubernetes::client().await?;
+        ca = args.ca.load(Some(&client), &args.lease_namespace).await?;
+        if ca.is_some() {
+            auth = Some(
+                args.ca
+                    .auth(Some(&client), &args.lease_namespace, &metrics)?,
+            );
+        }
         // The webhooks first: once this replica is ready, the API server
         // can call them (their CA bundle is set).
         webhook::start(
             &args.webhook,
             Some(client.clone()),
             &args.lease_namespace,
+            ca.as_ref().map(|ca| webhook::inject::Identity {
+                root_pem: ca.root_pem().to_string(),
+                trust_domain: ca.trust_domain.clone(),
+                audience: args.ca.token_audience.clone(),
+            }),
             metrics.admission_reviews.clone(),
         )
         .await?;
@@ -238,6 +236,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let scope = source::kubernetes::Scope {
             namespaces: args.watch_namespaces.clone(),
             selector: args.namespace_selector.clone(),
+            pods: ca.is_some(),
         };
         scope.check(&client).await?;
         tokio::spawn(source::kubernetes::run(client.clone(), scope, tx));
@@ -253,7 +252,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             std::env::var("POD_IP")
                 .ok()
                 .filter(|ip| !ip.is_empty())
-                .map(|ip| format!("http://{ip}:{}", args.xds_addr.port()))
+                .map(|ip| {
+                    let scheme = if ca.is_some() { "https" } else { "http" };
+                    format!("{scheme}://{ip}:{}", args.xds_addr.port())
+                })
         });
         if advertise.is_none() {
             warn!("no --advertise-addr and no POD_IP: when this replica leads, the others cannot pass it their sidecars' load reports");
@@ -284,6 +286,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(load::replicas::forward(
             forward_rx,
             args.identity.clone(),
+            ca.as_ref().map(|ca| ca::setup::ToLeader {
+                root_pem: ca.root_pem().to_string(),
+                token_file: args.ca.token_file.clone(),
+            }),
             leader_rx.clone(),
             leader_addr_rx,
         ));
@@ -312,10 +318,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ));
         rx
     } else {
+        ca = args.ca.load(None, &args.lease_namespace).await?;
+        if ca.is_some() {
+            auth = Some(args.ca.auth(None, &args.lease_namespace, &metrics)?);
+        }
         webhook::start(
             &args.webhook,
             None,
             &args.lease_namespace,
+            None,
             metrics.admission_reviews.clone(),
         )
         .await?;
@@ -360,17 +371,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         forward,
     };
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics.clone());
-    let (certificates, tls) = match &args.ca_dir {
-        Some(dir) => {
-            let tokens = args
-                .workload_tokens
-                .as_deref()
-                .context("--ca-dir needs --workload-tokens")?;
-            let ca = ca::Ca::load_or_create(dir, &args.trust_domain, args.workload_cert_ttl)?;
-            let (c, tls) = ca::service::Certificates::serve(ca, tokens, &metrics, args.xds_addr)?;
+    let (certificates, tls) = match (ca, auth) {
+        (Some(ca), Some(auth)) => {
+            let (c, tls) = ca::service::Certificates::serve(ca, auth, &metrics, args.xds_addr)?;
             (Some(c), Some(tls))
         }
-        None => (None, None),
+        _ => (None, None),
     };
     grpc::serve(
         xds_listener,

@@ -45,8 +45,9 @@ impl VerdictLabel {
 pub struct AuthLabel {
     /// `certificates`, `discovery` or `load_reports`.
     pub service: &'static str,
-    /// `missing`, `invalid` or `namespace` (the token's identity may not
-    /// speak for the node's namespace).
+    /// `missing`, `invalid`, `namespace` (the token's identity may not
+    /// speak for the node's namespace) or `unavailable` (the API server's
+    /// TokenReview failed).
     pub reason: &'static str,
 }
 
@@ -132,7 +133,7 @@ impl Metrics {
         );
         r.register(
             "auth_refusals",
-            "Calls refused for their credentials, by service (certificates, discovery, load_reports) and reason (missing, invalid, namespace)",
+            "Calls refused for their credentials, by service (certificates, discovery, load_reports) and reason (missing, invalid, namespace, unavailable)",
             m.auth_refusals.clone(),
         );
         r.register(

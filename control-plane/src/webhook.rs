@@ -68,7 +68,8 @@ pub struct WebhookArgs {
     )]
     pub sidecar_image: String,
     /// Sidecar injection: the discovery address injected sidecars dial.
-    /// Default: http://<--webhook-service>.<namespace>.svc:15010.
+    /// Default: http://<--webhook-service>.<namespace>.svc:15010 (https://
+    /// with a CA).
     #[arg(long = "sidecar-xds-addr", env = "MINIMESH_SIDECAR_XDS_ADDR")]
     pub sidecar_xds_addr: Option<String>,
 }
@@ -81,6 +82,7 @@ pub async fn start(
     args: &WebhookArgs,
     client: Option<kube::Client>,
     namespace: &str,
+    identity: Option<inject::Identity>,
     reviews: Family<VerdictLabel, Counter>,
 ) -> anyhow::Result<()> {
     let Some(addr) = args.addr else {
@@ -120,12 +122,15 @@ pub async fn start(
         ),
     };
     let config = server::server_config(&tls)?;
+    // With the CA, discovery is TLS (its certificate names the Service).
+    let scheme = if identity.is_some() { "https" } else { "http" };
     let template = inject::Template {
         image: args.sidecar_image.clone(),
         xds_addr: args
             .sidecar_xds_addr
             .clone()
-            .unwrap_or_else(|| format!("http://{}.{namespace}.svc:15010", args.service)),
+            .unwrap_or_else(|| format!("{scheme}://{}.{namespace}.svc:15010", args.service)),
+        identity,
     };
     tokio::spawn(server::serve(
         listener,

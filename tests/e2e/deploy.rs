@@ -106,9 +106,15 @@ fn injected_pod(deployment: &Value) -> Value {
     if template["metadata"]["annotations"].is_object() {
         pod["metadata"]["annotations"] = template["metadata"]["annotations"].clone();
     }
+    // As deploy/base runs the control plane: with its CA.
     let t = minimesh_control_plane::webhook::inject::Template {
         image: "minimesh:dev".into(),
-        xds_addr: "http://minimesh-control-plane.minimesh-system.svc:15010".into(),
+        xds_addr: "https://minimesh-control-plane.minimesh-system.svc:15010".into(),
+        identity: Some(minimesh_control_plane::webhook::inject::Identity {
+            root_pem: "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".into(),
+            trust_domain: "cluster.local".into(),
+            audience: "minimesh".into(),
+        }),
     };
     if let Some(ops) = minimesh_control_plane::webhook::inject::patch(&pod, &t).expect("injectable")
     {
@@ -138,6 +144,11 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
         .expect("args")
         .contains(&"--source=kubernetes".into()));
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // The mesh's CA, its root shared by the replicas through a Secret.
+    assert!(container["args"]
+        .as_array()
+        .expect("args")
+        .contains(&"--ca-secret=minimesh-ca".into()));
     assert!(cp.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
 
     let apps = docs("deploy/examples/demo/apps.yaml");
@@ -189,6 +200,17 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
             env_of(app, "HTTP_PROXY").expect("HTTP_PROXY")["value"],
             "http://127.0.0.1:15001"
         );
+        // Its identity: its own service account's projected token.
+        assert_eq!(
+            env_of(sidecar, "MINIMESH_TOKEN_FILE").expect("MINIMESH_TOKEN_FILE")["value"],
+            "/var/run/secrets/minimesh/token"
+        );
+        assert!(
+            spec["serviceAccountName"]
+                .as_str()
+                .is_some_and(|sa| sa.starts_with("simple-")),
+            "{name} runs as its own service account"
+        );
         // Its Service sends to the sidecar's inbound port.
         let app_label = &d["spec"]["template"]["metadata"]["labels"]["app"];
         let svc = apps
@@ -200,7 +222,8 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
             "{name}"
         );
     }
-    // The gateway is a proxy itself and opts out.
+    // The gateway is a proxy itself: no sidecar, but a sidecar's identity
+    // (to call the apps over mutual TLS) and discovery over TLS.
     let gateway = docs("deploy/examples/demo/ingress-gateway.yaml");
     let gw = gateway
         .iter()
@@ -208,9 +231,23 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
         .expect("gateway");
     assert_eq!(
         gw["spec"]["template"]["metadata"]["labels"]["minimesh.io/inject"],
-        "disabled"
+        "gateway"
     );
-    assert!(injected_pod(gw)["spec"]["initContainers"].is_null());
+    let gw_pod = injected_pod(gw);
+    assert!(gw_pod["spec"]["initContainers"].is_null());
+    let gw_proxy = &gw_pod["spec"]["containers"][0];
+    assert_eq!(
+        env_of(gw_proxy, "MINIMESH_XDS_ADDR").map(|e| &e["value"]),
+        Some(&Value::from(
+            "https://minimesh-control-plane.minimesh-system.svc:15010"
+        ))
+    );
+    assert!(env_of(gw_proxy, "MINIMESH_CA_ROOT").is_some());
+    assert_eq!(
+        gw_pod["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "minimesh"
+    );
+    assert_eq!(gw_pod["spec"]["serviceAccountName"], "ingress-gateway");
 
     // deploy/monitoring's PodMonitor selects every injected pod and the
     // gateway on a port each names.

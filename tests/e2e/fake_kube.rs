@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 13] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 14] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -73,6 +73,12 @@ const COLLECTIONS: [(&str, &str, &str, &str); 13] = [
     ("", "v1", "pods", "Pod"),
     ("apps", "v1", "deployments", "Deployment"),
     ("", "v1", "configmaps", "ConfigMap"),
+    (
+        "minimesh.io",
+        "v1alpha1",
+        "peerauthentications",
+        "PeerAuthentication",
+    ),
 ];
 const ISTIO: usize = 4;
 const WEBHOOKS: usize = 6;
@@ -145,7 +151,13 @@ pub struct FakeKube {
     /// Fairness answers a busy client.
     throttle: Arc<std::sync::atomic::AtomicUsize>,
     requests: Arc<std::sync::atomic::AtomicUsize>,
+    /// Service-account tokens the TokenReview API authenticates: token ->
+    /// (namespace, service account, audiences).
+    tokens: Arc<Mutex<BTreeMap<String, TokenOwner>>>,
 }
+
+/// Whose a token is: (namespace, service account, audiences).
+type TokenOwner = (String, String, Vec<String>);
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
     COLLECTIONS
@@ -179,6 +191,7 @@ impl FakeKube {
             services: Arc::default(),
             throttle: Arc::default(),
             requests: Arc::default(),
+            tokens: Arc::default(),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -268,6 +281,70 @@ impl FakeKube {
     /// with `Retry-After: 1`, as a busy API server does (0: never).
     pub fn throttle_every(&self, n: usize) {
         self.throttle.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Makes `token` a service account's token for `audiences`, as the
+    /// kubelet's projected tokens are: the TokenReview API authenticates it.
+    pub fn issue_token(&self, token: &str, namespace: &str, sa: &str, audiences: &[&str]) {
+        self.tokens.lock().expect("lock").insert(
+            token.to_string(),
+            (
+                namespace.to_string(),
+                sa.to_string(),
+                audiences.iter().map(|a| a.to_string()).collect(),
+            ),
+        );
+    }
+
+    /// The TokenReview API's answer (always 201, the verdict in `status`),
+    /// shaped as the real one's: an unauthenticated review has an empty
+    /// `user` and the authenticators' errors in brackets.
+    fn review_token(&self, body: &[u8]) -> Response<Body> {
+        let Ok(review) = serde_json::from_slice::<Value>(body) else {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let token = review["spec"]["token"].as_str().unwrap_or("");
+        let wanted: Vec<String> = review["spec"]["audiences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect();
+        self.inner
+            .lock()
+            .expect("lock")
+            .log
+            .push("CREATE tokenreviews".into());
+        let known = self.tokens.lock().expect("lock").get(token).cloned();
+        let status = match known {
+            None => {
+                json!({"user": {}, "error": "[invalid bearer token, square/go-jose: compact JWS format must have three parts]"})
+            }
+            Some((_, _, has)) if !wanted.is_empty() && !wanted.iter().any(|w| has.contains(w)) => {
+                json!({
+                    "user": {},
+                    "error": format!("[invalid bearer token, token audiences {has:?} is invalid for the target audiences {wanted:?}]"),
+                })
+            }
+            Some((ns, sa, has)) => json!({
+                "authenticated": true,
+                "user": {
+                    "username": format!("system:serviceaccount:{ns}:{sa}"),
+                    "uid": format!("uid-sa-{ns}-{sa}"),
+                    "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
+                },
+                "audiences": if wanted.is_empty() { has } else { wanted.clone() },
+            }),
+        };
+        json_response(
+            StatusCode::CREATED,
+            &json!({
+                "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"creationTimestamp": null},
+                "spec": review["spec"],
+                "status": status,
+            }),
+        )
     }
 
     /// Routes Service `namespace/name` to `addr`, as its endpoints would.
@@ -546,6 +623,9 @@ impl FakeKube {
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
+        if method == Method::POST && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
+            return self.review_token(&body);
+        }
         let served = |c: usize| c != ISTIO || self.istio;
         let Some((c, ns, name, sub)) = route(&path).filter(|r| served(r.0)) else {
             if method == Method::GET {

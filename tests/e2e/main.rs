@@ -13,6 +13,7 @@ mod grpc_interop;
 mod harness;
 mod hashing;
 mod inbound;
+mod k8s_identity;
 mod kubernetes;
 mod load_reports;
 mod local_mesh;

@@ -20,6 +20,15 @@ pub enum Refused {
     /// The token proves no identity.
     #[error("invalid credentials: the token is not one this control plane knows")]
     Invalid,
+    /// The API server's TokenReview did not authenticate the token.
+    #[error("invalid credentials: the API server did not authenticate the token: {0}")]
+    NotAuthenticated(String),
+    /// The token is a user's, not a workload's.
+    #[error("invalid credentials: {0:?} is not a service account")]
+    NotWorkload(String),
+    /// The API server could not be asked.
+    #[error("credentials not checked: the API server's TokenReview failed: {0}")]
+    Unavailable(String),
     /// The identity may not speak for the node the call names.
     #[error("the token's identity ({who}) may not speak for namespace {namespace:?}")]
     WrongNamespace {
@@ -35,7 +44,8 @@ impl Refused {
     pub fn reason(&self) -> &'static str {
         match self {
             Refused::Missing => "missing",
-            Refused::Invalid => "invalid",
+            Refused::Invalid | Refused::NotAuthenticated(_) | Refused::NotWorkload(_) => "invalid",
+            Refused::Unavailable(_) => "unavailable",
             Refused::WrongNamespace { .. } => "namespace",
         }
     }
@@ -52,9 +62,33 @@ pub fn bearer(metadata: &tonic::metadata::MetadataMap) -> Result<&str, Refused> 
         .ok_or(Refused::Missing)
 }
 
-/// Checks that `who` may speak for a proxy of `namespace`.
-pub fn may_speak_for(who: &Identity, namespace: &str) -> Result<(), Refused> {
-    if who.namespace == namespace {
+/// How workloads prove who they are.
+pub enum Authenticator {
+    /// A tokens file (`--workload-tokens`; the local mesh).
+    Tokens(Tokens),
+    /// Projected service-account tokens, reviewed by the API server.
+    Kubernetes(super::token_review::TokenReviewer),
+}
+
+impl Authenticator {
+    /// The identity `token` proves.
+    pub async fn authenticate(&self, token: &str) -> Result<Identity, Refused> {
+        match self {
+            Authenticator::Tokens(t) => t.authenticate(token),
+            Authenticator::Kubernetes(r) => r.authenticate(token).await,
+        }
+    }
+}
+
+/// Checks that `who` may speak for a proxy of `namespace`. `control_plane`
+/// (the control plane's own identity: a replica passing its sidecars'
+/// load reports to the leader) speaks for every namespace.
+pub fn may_speak_for(
+    who: &Identity,
+    namespace: &str,
+    control_plane: Option<&Identity>,
+) -> Result<(), Refused> {
+    if who.namespace == namespace || control_plane == Some(who) {
         return Ok(());
     }
     Err(Refused::WrongNamespace {
@@ -170,9 +204,10 @@ mod tests {
             t.authenticate("bbbbbbbbbbbbbbbbbbbb"),
             Err(Refused::Invalid)
         );
-        assert_eq!(may_speak_for(&web, "default"), Ok(()));
+        assert_eq!(may_speak_for(&web, "default", None), Ok(()));
+        assert_eq!(may_speak_for(&web, "kube-system", Some(&web)), Ok(()));
         assert_eq!(
-            may_speak_for(&web, "kube-system").map_err(|e| e.to_string()),
+            may_speak_for(&web, "kube-system", None).map_err(|e| e.to_string()),
             Err("the token's identity (ns/default/sa/web) may not speak for namespace \"kube-system\"".into())
         );
         let mut md = tonic::metadata::MetadataMap::new();

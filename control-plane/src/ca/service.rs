@@ -11,26 +11,33 @@ use prometheus_client::metrics::family::Family;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::auth::{self, Refused, Tokens};
+use super::auth::{self, Authenticator, Refused};
 use super::{Ca, Identity};
 use crate::metrics::AuthLabel;
 
 /// Checks workloads' credentials, logging and counting every refusal.
 pub struct Auth {
-    /// The tokens file (`--workload-tokens`).
-    pub tokens: Tokens,
+    /// How tokens are checked.
+    pub authenticator: Authenticator,
+    /// The control plane's own identity (Kubernetes: its service account),
+    /// which may speak for every namespace: a replica passing its sidecars'
+    /// load reports on to the leader.
+    pub control_plane: Option<Identity>,
     /// Refusals, by service and reason.
     pub refusals: Family<AuthLabel, Counter>,
 }
 
 impl Auth {
     /// The identity a call to `service` proves, or the refusal as a status.
-    pub fn check(
+    pub async fn check(
         &self,
         service: &'static str,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<Identity, Status> {
-        let checked = auth::bearer(metadata).and_then(|t| self.tokens.authenticate(t));
+        let checked = match auth::bearer(metadata) {
+            Ok(token) => self.authenticator.authenticate(token).await,
+            Err(e) => Err(e),
+        };
         checked.map_err(|e| self.refuse(service, &e))
     }
 
@@ -41,7 +48,8 @@ impl Auth {
         who: &Identity,
         namespace: &str,
     ) -> Result<(), Status> {
-        auth::may_speak_for(who, namespace).map_err(|e| self.refuse(service, &e))
+        auth::may_speak_for(who, namespace, self.control_plane.as_ref())
+            .map_err(|e| self.refuse(service, &e))
     }
 
     fn refuse(&self, service: &'static str, e: &Refused) -> Status {
@@ -52,7 +60,10 @@ impl Auth {
                 reason: e.reason(),
             })
             .inc();
-        Status::unauthenticated(e.to_string())
+        match e {
+            Refused::Unavailable(_) => Status::unavailable(e.to_string()),
+            _ => Status::unauthenticated(e.to_string()),
+        }
     }
 }
 
@@ -68,26 +79,25 @@ pub struct Certificates {
 }
 
 impl Certificates {
-    /// The certificate service of `ca`, callers checked against the tokens
-    /// file, and the discovery port's TLS: a certificate the CA signs now
-    /// for the control plane's names (its Service's in `POD_NAMESPACE`,
-    /// `localhost`, the address of `xds`).
+    /// The certificate service of `ca`, callers checked by `auth`, and the
+    /// discovery port's TLS: a certificate the CA signs now for the control
+    /// plane's names (its Service's in `POD_NAMESPACE`, `localhost`, its
+    /// `POD_IP`, the address of `xds`).
     pub fn serve(
         ca: Ca,
-        tokens: &std::path::Path,
+        auth: Auth,
         metrics: &crate::metrics::Metrics,
         xds: std::net::SocketAddr,
     ) -> anyhow::Result<(Certificates, tonic::transport::ServerTlsConfig)> {
         let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "minimesh-system".into());
-        let (cert, key) = ca.serving(&super::serving_names(xds, &namespace))?;
+        let pod_ip = std::env::var("POD_IP").ok().filter(|ip| !ip.is_empty());
+        let names = super::serving_names(xds, &namespace, pod_ip.as_deref());
+        let (cert, key) = ca.serving(&names)?;
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(cert, key));
         let certificates = Certificates {
             ca: Arc::new(ca),
-            auth: Arc::new(Auth {
-                tokens: Tokens::load(tokens)?,
-                refusals: metrics.auth_refusals.clone(),
-            }),
+            auth: Arc::new(auth),
             issued: metrics.certificates_issued.clone(),
         };
         Ok((certificates, tls))
@@ -97,7 +107,7 @@ impl Certificates {
 #[tonic::async_trait]
 impl CertificateService for Certificates {
     async fn issue(&self, req: Request<IssueRequest>) -> Result<Response<IssueResponse>, Status> {
-        let who = self.auth.check("certificates", req.metadata())?;
+        let who = self.auth.check("certificates", req.metadata()).await?;
         let issued = self
             .ca
             .issue(&req.get_ref().csr_pem, &who)

@@ -1,8 +1,10 @@
-//! The `DestinationRule` CustomResourceDefinition (`minimesh.io/v1alpha1`),
+//! The CustomResourceDefinitions (`minimesh.io/v1alpha1`): `DestinationRule`,
 //! generated from the Rust types of the spec (`config::rule::RuleSpec`) and
-//! of the status written here. `crds/` holds the generated YAML; regenerate
-//! it with `cargo run -- crds > crds/destinationrules.minimesh.io.yaml`
-//! (a test fails when it is stale).
+//! of the status written here, and `PeerAuthentication`
+//! (`config::security`). `crds/` holds the generated YAML; regenerate it
+//! with `cargo run -- crds destinationrules > crds/destinationrules.minimesh.io.yaml`
+//! and `cargo run -- crds peerauthentications > crds/peerauthentications.minimesh.io.yaml`
+//! (a test fails when either is stale).
 
 use kube::CustomResourceExt;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -88,15 +90,53 @@ pub(crate) fn any_objects(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// The CRD as YAML, exactly as committed in `crds/`.
+/// Path of the generated PeerAuthentication CRD.
+pub const PEER_AUTH_CRD_PATH: &str = "crds/peerauthentications.minimesh.io.yaml";
+
+/// The CRDs `minimesh crds <kind>` prints: (kind argument, file, YAML).
+pub fn crds() -> [(&'static str, &'static str, String); 2] {
+    [
+        ("destinationrules", CRD_PATH, crd_yaml()),
+        (
+            "peerauthentications",
+            PEER_AUTH_CRD_PATH,
+            peer_auth_crd_yaml(),
+        ),
+    ]
+}
+
+/// The DestinationRule CRD as YAML, exactly as committed in `crds/`.
 pub fn crd_yaml() -> String {
-    let crd = DestinationRuleResource::crd();
+    generated(
+        DestinationRuleResource::crd(),
+        "{rule,crd}.rs",
+        "destinationrules",
+        CRD_PATH,
+    )
+}
+
+/// The PeerAuthentication CRD as YAML, exactly as committed in `crds/`.
+pub fn peer_auth_crd_yaml() -> String {
+    generated(
+        super::security::PeerAuthenticationResource::crd(),
+        "security.rs",
+        "peerauthentications",
+        PEER_AUTH_CRD_PATH,
+    )
+}
+
+fn generated(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    from: &str,
+    kind: &str,
+    path: &str,
+) -> String {
     let mut value = serde_json::to_value(&crd).unwrap_or_default();
     strip_closed_objects(&mut value);
     let body = serde_saphyr::to_string(&value).unwrap_or_default();
     format!(
-        "# Generated from the Rust types in control-plane/src/config/{{rule,crd}}.rs.\n\
-         # Do not edit: run `cargo run -- crds > {CRD_PATH}`.\n{body}"
+        "# Generated from the Rust types in control-plane/src/config/{from}.\n\
+         # Do not edit: run `cargo run -- crds {kind} > {path}`.\n{body}"
     )
 }
 
@@ -127,12 +167,14 @@ mod tests {
     }
 
     #[test]
-    fn committed_crd_is_up_to_date() {
-        let committed = std::fs::read_to_string(repo_file(CRD_PATH)).unwrap_or_default();
-        assert!(
-            committed == crd_yaml(),
-            "{CRD_PATH} is stale: regenerate it with `cargo run -- crds > {CRD_PATH}`"
-        );
+    fn committed_crds_are_up_to_date() {
+        for (kind, path, yaml) in crds() {
+            let committed = std::fs::read_to_string(repo_file(path)).unwrap_or_default();
+            assert!(
+                committed == yaml,
+                "{path} is stale: regenerate it with `cargo run -- crds {kind} > {path}`"
+            );
+        }
     }
 
     /// The rules the API server applies to a CRD schema ("structural"):
@@ -208,5 +250,21 @@ mod tests {
         assert!(lb["consistentHash"]["properties"]["maglev"]["description"]
             .as_str()
             .is_some_and(|d| !d.is_empty()));
+    }
+
+    #[test]
+    fn peer_authentication_crd_is_structural() {
+        let crd: serde_json::Value =
+            serde_saphyr::from_str(&peer_auth_crd_yaml()).expect("CRD parses");
+        assert_eq!(crd["metadata"]["name"], "peerauthentications.minimesh.io");
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "pa");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let mut errors = Vec::new();
+        check_structural("", schema, &mut errors);
+        assert!(errors.is_empty(), "not structural: {errors:#?}");
+        let mode = &schema["properties"]["spec"]["properties"]["mtls"]["properties"]["mode"];
+        assert!(mode["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("STRICT")));
     }
 }

@@ -34,26 +34,52 @@ pub struct PeerAuthentication {
 }
 
 /// `PeerAuthentication.spec`: namespace-wide (or, in the root namespace,
-/// mesh-wide) only.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+/// mesh-wide) only. On Kubernetes it is also the spec of the
+/// `minimesh.io/v1alpha1` CRD (`crds/`), generated from these types.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Deserialize,
+    Serialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[kube(
+    group = "minimesh.io",
+    version = "v1alpha1",
+    kind = "PeerAuthentication",
+    root = "PeerAuthenticationResource",
+    namespaced,
+    shortname = "pa",
+    category = "minimesh",
+    doc = "How the sidecars of a namespace (in minimesh-system: of the mesh) treat plaintext: Istio's PeerAuthentication, namespace-wide.",
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mtls.mode")
+)]
 pub struct PeerAuthenticationSpec {
-    /// Workload selector: not supported (refused with a reason).
+    /// Workload selector: not supported (refused with a reason; a
+    /// PeerAuthentication applies to its whole namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::crd::any_object")]
     pub selector: Option<serde_json::Value>,
     /// The mode.
     #[serde(default)]
     pub mtls: Option<Mtls>,
     /// Per-port modes: not supported (refused with a reason).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::crd::any_object")]
     pub port_level_mtls: Option<serde_json::Value>,
 }
 
 /// `spec.mtls`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Mtls {
-    /// `UNSET` (inherit), `PERMISSIVE` or `STRICT`.
+    /// `UNSET` (inherit the mesh-wide mode; PERMISSIVE when none),
+    /// `PERMISSIVE` (mutual TLS and plaintext accepted) or `STRICT`
+    /// (plaintext refused).
     #[serde(default)]
     pub mode: Option<String>,
 }

@@ -39,6 +39,7 @@ pub const WEIGHTS_KEY: &str = "weights.json";
 pub async fn forward(
     mut rx: mpsc::Receiver<LoadStatsRequest>,
     identity: String,
+    to_leader: Option<crate::ca::setup::ToLeader>,
     mut leader: watch::Receiver<bool>,
     mut leader_addr: watch::Receiver<Option<String>>,
 ) {
@@ -56,7 +57,15 @@ pub async fn forward(
             }
             continue;
         };
-        match pass_on(&addr, &identity, &mut rx, &mut leader, &mut leader_addr).await {
+        let passed = pass_on(
+            &addr,
+            &identity,
+            to_leader.as_ref(),
+            &mut rx,
+            &mut leader,
+            &mut leader_addr,
+        );
+        match passed.await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(e) => {
                 warn!(leader = %addr, error = %e, "passing load reports to the leader failed; retrying");
@@ -74,14 +83,17 @@ pub async fn forward(
 async fn pass_on(
     addr: &str,
     identity: &str,
+    to_leader: Option<&crate::ca::setup::ToLeader>,
     rx: &mut mpsc::Receiver<LoadStatsRequest>,
     leader: &mut watch::Receiver<bool>,
     leader_addr: &mut watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await?;
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())?
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(t) = to_leader {
+        endpoint = endpoint.tls_config(t.tls())?;
+    }
+    let channel = endpoint.connect().await?;
     let mut client = LoadReportingServiceClient::new(channel);
     let (tx, out) = mpsc::channel(64);
     tx.send(LoadStatsRequest {
@@ -92,10 +104,12 @@ async fn pass_on(
         cluster_stats: vec![],
     })
     .await?;
-    let mut inbound = client
-        .stream_load_stats(ReceiverStream::new(out))
-        .await?
-        .into_inner();
+    let mut call = tonic::Request::new(ReceiverStream::new(out));
+    if let Some(t) = to_leader {
+        // The control plane's own token: it speaks for every namespace.
+        call.metadata_mut().insert("authorization", t.bearer()?);
+    }
+    let mut inbound = client.stream_load_stats(call).await?.into_inner();
     info!(leader = addr, "passing load reports on to the leader");
     loop {
         tokio::select! {

@@ -1,7 +1,9 @@
 //! The Kubernetes source: watchers (list, then watch from the list's
 //! resourceVersion; a `410 Gone` or a broken stream relists, with backoff) on
 //! DestinationRules (minimesh.io, and networking.istio.io when that CRD is
-//! installed), Services and `discovery.k8s.io/v1` EndpointSlices. Objects go
+//! installed), Services and `discovery.k8s.io/v1` EndpointSlices,
+//! PeerAuthentications (minimesh.io, security.istio.io: each when its CRD is
+//! installed) and, with a CA, the Pods that run a sidecar. Objects go
 //! through the same parser and validation as local files and feed the same
 //! [`Store`]. Nothing is published until every watcher has completed its
 //! first list, and a relist replaces a kind's objects only once it is whole.
@@ -10,6 +12,7 @@
 //! selector only (`--namespace-selector`, as Istio's discoverySelectors).
 
 pub mod lease;
+pub mod secret;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -37,8 +40,12 @@ pub struct Watched {
     pub required: bool,
 }
 
-/// The kinds minimesh watches.
-pub fn watched() -> Vec<Watched> {
+/// The label selector of the Pods watched: those that run a sidecar
+/// (their endpoints are called over mutual TLS).
+pub const MESHED_PODS: &str = "minimesh.io/proxy=sidecar";
+
+/// The kinds minimesh watches (Pods too, with a CA: `pods`).
+pub fn watched(pods: bool) -> Vec<Watched> {
     let ar = |group: &str, version: &str, kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     };
@@ -69,7 +76,31 @@ pub fn watched() -> Vec<Watched> {
             resource: ar("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
             required: true,
         },
+        Watched {
+            resource: ar(
+                "minimesh.io",
+                "v1alpha1",
+                "PeerAuthentication",
+                "peerauthentications",
+            ),
+            required: false,
+        },
+        Watched {
+            resource: ar(
+                "security.istio.io",
+                "v1",
+                "PeerAuthentication",
+                "peerauthentications",
+            ),
+            required: false,
+        },
     ]
+    .into_iter()
+    .chain(pods.then(|| Watched {
+        resource: ar("", "v1", "Pod", "pods"),
+        required: true,
+    }))
+    .collect()
 }
 
 /// Which namespaces the control plane serves.
@@ -81,6 +112,9 @@ pub struct Scope {
     /// (kubectl's `-l` syntax, evaluated by the API server on a watch of
     /// Namespaces).
     pub selector: Option<String>,
+    /// Watch the Pods that run a sidecar ([`MESHED_PODS`]): with a CA,
+    /// their endpoints are called over mutual TLS.
+    pub pods: bool,
 }
 
 impl Scope {
@@ -289,7 +323,7 @@ async fn installed(client: &Client, resource: &ApiResource) -> bool {
 /// are listed, until the receiver side is gone.
 pub async fn run(client: Client, scope: Scope, tx: watch::Sender<Store>) {
     let mut sources = Vec::new();
-    for w in watched() {
+    for w in watched(scope.pods) {
         if !w.required && !installed(&client, &w.resource).await {
             info!(
                 kind = %w.resource.kind,
@@ -328,6 +362,9 @@ pub async fn run(client: Client, scope: Scope, tx: watch::Sender<Store>) {
         let mut config = watcher::Config::default();
         if resource.kind == "Namespace" {
             config = config.labels(scope.selector.as_deref().unwrap_or_default());
+        }
+        if resource.kind == "Pod" {
+            config = config.labels(MESHED_PODS);
         }
         let events_tx = events_tx.clone();
         let kind = format!(
@@ -436,6 +473,8 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "DestinationRule" => "DestinationRule",
         "Service" => "Service",
         "EndpointSlice" => "EndpointSlice",
+        "PeerAuthentication" => "PeerAuthentication",
+        "Pod" => "Pod",
         "Namespace" => "Namespace",
         _ => return None,
     };

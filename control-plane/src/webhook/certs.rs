@@ -12,9 +12,8 @@ use anyhow::{anyhow, Context};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use kube::Client;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -98,16 +97,6 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<Tls> {
     })
 }
 
-fn from_secret(s: &Secret) -> Option<Tls> {
-    let data = s.data.as_ref()?;
-    let text = |k: &str| String::from_utf8(data.get(k)?.0.clone()).ok();
-    Some(Tls {
-        cert: text("tls.crt")?,
-        key: text("tls.key")?,
-        ca: text("ca.crt")?,
-    })
-}
-
 /// The certificate in Secret `namespace/name`, made and stored there when
 /// there is none yet. Every replica ends with the same one.
 pub async fn shared(
@@ -116,54 +105,29 @@ pub async fn shared(
     name: &str,
     names: &[String],
 ) -> anyhow::Result<Tls> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    if let Some(tls) = api
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading Secret {namespace}/{name}"))?
-        .as_ref()
-        .and_then(from_secret)
-    {
-        info!(secret = %format!("{namespace}/{name}"), "webhook certificate read from its Secret");
-        return Ok(tls);
-    }
-    let tls = generate(names)?;
-    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/part-of".to_string(),
-                "minimesh".to_string(),
-            )])),
-            ..Default::default()
+    let data = crate::source::kubernetes::secret::shared(
+        client,
+        namespace,
+        name,
+        &["tls.crt", "tls.key", "ca.crt"],
+        "kubernetes.io/tls",
+        "webhook certificate",
+        || {
+            let tls = generate(names)?;
+            Ok(BTreeMap::from([
+                ("tls.crt".to_string(), tls.cert),
+                ("tls.key".to_string(), tls.key),
+                ("ca.crt".to_string(), tls.ca),
+            ]))
         },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(BTreeMap::from([
-            ("tls.crt".to_string(), bytes(&tls.cert)),
-            ("tls.key".to_string(), bytes(&tls.key)),
-            ("ca.crt".to_string(), bytes(&tls.ca)),
-        ])),
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => {
-            info!(secret = %format!("{namespace}/{name}"), "webhook certificate generated and stored");
-            Ok(tls)
-        }
-        // Another replica stored one first: use that one.
-        Err(kube::Error::Api(s)) if s.code == 409 => api
-            .get(name)
-            .await
-            .ok()
-            .as_ref()
-            .and_then(from_secret)
-            .ok_or_else(|| {
-                anyhow!("Secret {namespace}/{name} exists but holds no tls.crt, tls.key and ca.crt")
-            }),
-        Err(e) => Err(e).with_context(|| format!("creating Secret {namespace}/{name}")),
-    }
+    )
+    .await?;
+    let text = |k: &str| data.get(k).cloned().unwrap_or_default();
+    Ok(Tls {
+        cert: text("tls.crt"),
+        key: text("tls.key"),
+        ca: text("ca.crt"),
+    })
 }
 
 /// A webhook configuration kind: validating or mutating.

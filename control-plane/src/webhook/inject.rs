@@ -10,6 +10,14 @@
 //! 127.0.0.1, 8080). The pod is labelled `minimesh.io/proxy=sidecar` and
 //! annotated `minimesh.io/injected`. A pod that already has a sidecar, or
 //! was injected, is left alone.
+//!
+//! With the control plane's CA, the sidecar also gets its identity: a
+//! projected service-account token (audience `minimesh`, an hour, renewed
+//! by the kubelet) and the mesh's root (the pod's `minimesh.io/ca-root`
+//! annotation, as a file through the Downward API) in one volume, and dials
+//! discovery over TLS. A pod labelled `minimesh.io/inject=gateway` (a proxy
+//! itself, as the demo's ingress gateway) gets that identity in its first
+//! container and no sidecar.
 
 use base64::Engine;
 use serde_json::{json, Value};
@@ -28,6 +36,16 @@ pub const ADMIN_PORT: u16 = 15000;
 /// The sidecar's outbound listener (the apps' `HTTP_PROXY`).
 pub const OUTBOUND: &str = "127.0.0.1:15001";
 
+/// The annotation that carries the mesh's root certificate to the
+/// sidecar (a file through the Downward API).
+pub const CA_ROOT_ANNOTATION: &str = "minimesh.io/ca-root";
+/// Where the sidecar finds its token and the root.
+pub const IDENTITY_DIR: &str = "/var/run/secrets/minimesh";
+/// The pod volume that holds them.
+pub const IDENTITY_VOLUME: &str = "minimesh-identity";
+/// How long a projected token lasts (the kubelet renews it at 80%).
+pub const TOKEN_SECONDS: u32 = 3600;
+
 /// What the injected sidecar is made of.
 #[derive(Clone, Debug)]
 pub struct Template {
@@ -35,6 +53,19 @@ pub struct Template {
     pub image: String,
     /// The control plane's discovery address, as sidecars dial it.
     pub xds_addr: String,
+    /// With the control plane's CA: how the sidecar proves who it is.
+    pub identity: Option<Identity>,
+}
+
+/// What a sidecar needs for its certificate.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// The mesh's root, PEM.
+    pub root_pem: String,
+    /// The trust domain.
+    pub trust_domain: String,
+    /// The audience of its projected token (`--token-audience`).
+    pub audience: String,
 }
 
 /// Answers an AdmissionReview about a Pod with the patch that injects the
@@ -102,6 +133,9 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     {
         return Ok(None);
     }
+    if pod["metadata"]["labels"]["minimesh.io/inject"] == "gateway" {
+        return Ok(gateway(pod, t));
+    }
     if spec["hostNetwork"] == true {
         return Err("spec.hostNetwork: a pod on the node's network cannot have a sidecar (its ports would be the node's); label it minimesh.io/inject=disabled".into());
     }
@@ -148,7 +182,11 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             "capabilities": {"drop": ["ALL"]},
         },
     });
+    let mut sidecar = sidecar;
     let mut ops = Vec::new();
+    if let Some(id) = &t.identity {
+        identity(spec, id, &mut sidecar, &mut ops);
+    }
     // First among the init containers: those after it may use the mesh.
     if spec["initContainers"]
         .as_array()
@@ -199,6 +237,9 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
         );
     }
     let mut annotations = vec![(INJECTED, "true".to_string())];
+    if let Some(id) = &t.identity {
+        annotations.push((CA_ROOT_ANNOTATION, id.root_pem.clone()));
+    }
     // Scraped on the sidecar's port unless the pod says otherwise.
     if !pod["metadata"]["annotations"]["prometheus.io/scrape"].is_string() {
         annotations.extend([
@@ -207,6 +248,53 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             ("prometheus.io/path", "/metrics".into()),
         ]);
     }
+    annotate(pod, annotations, &mut ops);
+    Ok(Some(ops))
+}
+
+/// A gateway pod (labelled `minimesh.io/inject=gateway`: a proxy itself,
+/// its first container the sidecar binary in gateway mode) gets no sidecar;
+/// with the CA, it gets the identity a sidecar gets (to call meshed
+/// endpoints over mutual TLS) and the discovery address to use it with.
+fn gateway(pod: &Value, t: &Template) -> Option<Vec<Value>> {
+    let id = t.identity.as_ref()?;
+    let container = &pod["spec"]["containers"][0];
+    if !container.is_object() {
+        return None;
+    }
+    let mut ops = Vec::new();
+    let mut proxy = json!({"env": []});
+    identity(&pod["spec"], id, &mut proxy, &mut ops);
+    let env = container["env"].as_array();
+    if env.is_none() {
+        ops.push(json!({"op": "add", "path": "/spec/containers/0/env", "value": []}));
+    }
+    for var in proxy["env"].as_array().into_iter().flatten() {
+        ops.push(json!({"op": "add", "path": "/spec/containers/0/env/-", "value": var}));
+    }
+    let xds = json!({"name": "MINIMESH_XDS_ADDR", "value": t.xds_addr});
+    match env.and_then(|e| e.iter().position(|v| v["name"] == "MINIMESH_XDS_ADDR")) {
+        Some(i) => ops.push(
+            json!({"op": "replace", "path": format!("/spec/containers/0/env/{i}"), "value": xds}),
+        ),
+        None => ops.push(json!({"op": "add", "path": "/spec/containers/0/env/-", "value": xds})),
+    }
+    let mount = &proxy["volumeMounts"][0];
+    if container["volumeMounts"].is_array() {
+        ops.push(json!({"op": "add", "path": "/spec/containers/0/volumeMounts/-", "value": mount}));
+    } else {
+        ops.push(json!({"op": "add", "path": "/spec/containers/0/volumeMounts", "value": [mount]}));
+    }
+    let annotations = vec![
+        (INJECTED, "true".to_string()),
+        (CA_ROOT_ANNOTATION, id.root_pem.clone()),
+    ];
+    annotate(pod, annotations, &mut ops);
+    Some(ops)
+}
+
+/// Adds `annotations` to the pod's.
+fn annotate(pod: &Value, annotations: Vec<(&str, String)>, ops: &mut Vec<Value>) {
     if pod["metadata"]["annotations"].is_object() {
         for (k, v) in annotations {
             ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(k)), "value": v}));
@@ -218,7 +306,35 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             .collect();
         ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": map}));
     }
-    Ok(Some(ops))
+}
+
+/// A sidecar's identity: its projected service-account token (audience
+/// `id.audience`) and the root (from the pod's annotation) in one volume,
+/// and the flags that use them.
+fn identity(spec: &Value, id: &Identity, sidecar: &mut Value, ops: &mut Vec<Value>) {
+    let volume = json!({
+        "name": IDENTITY_VOLUME,
+        "projected": {"sources": [
+            {"serviceAccountToken": {"audience": id.audience, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+            {"downwardAPI": {"items": [{"path": "root-cert.pem", "fieldRef": {"fieldPath": format!("metadata.annotations['{CA_ROOT_ANNOTATION}']")}}]}},
+        ]},
+    });
+    if spec["volumes"].is_array() {
+        ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value": volume}));
+    } else {
+        ops.push(json!({"op": "add", "path": "/spec/volumes", "value": [volume]}));
+    }
+    sidecar["volumeMounts"] =
+        json!([{"name": IDENTITY_VOLUME, "mountPath": IDENTITY_DIR, "readOnly": true}]);
+    if let Some(env) = sidecar["env"].as_array_mut() {
+        for (name, value) in [
+            ("MINIMESH_CA_ROOT", format!("{IDENTITY_DIR}/root-cert.pem")),
+            ("MINIMESH_TOKEN_FILE", format!("{IDENTITY_DIR}/token")),
+            ("MINIMESH_TRUST_DOMAIN", id.trust_domain.clone()),
+        ] {
+            env.push(json!({"name": name, "value": value}));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +345,7 @@ mod tests {
         Template {
             image: "minimesh:dev".into(),
             xds_addr: "http://minimesh-control-plane.minimesh-system.svc:15010".into(),
+            identity: None,
         }
     }
 
@@ -277,6 +394,47 @@ mod tests {
         assert_eq!(ops[5]["path"], "/metadata/annotations");
         assert_eq!(ops[5]["value"][INJECTED], "true");
         assert_eq!(ops[5]["value"]["prometheus.io/port"], "15000");
+    }
+
+    #[test]
+    fn with_a_ca_the_sidecar_gets_its_token_and_the_root_in_one_volume() {
+        let mut t = template();
+        t.identity = Some(Identity {
+            root_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            trust_domain: "example.org".into(),
+            audience: "minimesh".into(),
+        });
+        let ops = patch(&pod(json!({})), &t).expect("ok").expect("a patch");
+        assert_eq!(ops[0]["path"], "/spec/volumes");
+        let sources = &ops[0]["value"][0]["projected"]["sources"];
+        assert_eq!(
+            sources[0]["serviceAccountToken"],
+            json!({"audience": "minimesh", "expirationSeconds": 3600, "path": "token"})
+        );
+        assert_eq!(
+            sources[1]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+            "metadata.annotations['minimesh.io/ca-root']"
+        );
+        let sidecar = &ops[1]["value"][0];
+        assert_eq!(sidecar["volumeMounts"][0]["mountPath"], IDENTITY_DIR);
+        let env = sidecar["env"].as_array().expect("env");
+        for (name, value) in [
+            (
+                "MINIMESH_CA_ROOT",
+                "/var/run/secrets/minimesh/root-cert.pem",
+            ),
+            ("MINIMESH_TOKEN_FILE", "/var/run/secrets/minimesh/token"),
+            ("MINIMESH_TRUST_DOMAIN", "example.org"),
+        ] {
+            assert!(
+                env.contains(&json!({"name": name, "value": value})),
+                "{name}"
+            );
+        }
+        let annotations = &ops.last().expect("ops")["value"];
+        assert!(annotations[CA_ROOT_ANNOTATION]
+            .as_str()
+            .is_some_and(|r| r.starts_with("-----BEGIN CERTIFICATE-----")));
     }
 
     #[test]

@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 use super::wire::api_version;
 use super::{cluster_scoped, COLLECTIONS};
 
-/// The shipped CRD of minimesh's rules.
-fn crd() -> Value {
+/// The shipped CRD of a minimesh.io collection (`plural`).
+fn crd(plural: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crds/destinationrules.minimesh.io.yaml");
+        .join(format!("crds/{plural}.minimesh.io.yaml"));
     serde_saphyr::from_str(&std::fs::read_to_string(path).expect("CRD")).expect("CRD YAML")
 }
 
@@ -26,7 +26,7 @@ fn resources(c: usize) -> Vec<Value> {
         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
     });
     if group == "minimesh.io" {
-        let names = &crd()["spec"]["names"];
+        let names = &crd(plural)["spec"]["names"];
         r["shortNames"] = names["shortNames"].clone();
         if names.get("categories").is_some() {
             r["categories"] = names["categories"].clone();
@@ -49,12 +49,13 @@ pub fn discovery(path: &str, served: impl Fn(usize) -> bool) -> Option<Value> {
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]
         })),
         ["apis"] => {
-            let mut groups: Vec<(&str, &str)> = served
-                .iter()
-                .map(|c| (COLLECTIONS[*c].0, COLLECTIONS[*c].1))
-                .filter(|(g, _)| !g.is_empty())
-                .collect();
-            groups.dedup();
+            let mut groups: Vec<(&str, &str)> = Vec::new();
+            for c in &served {
+                let gv = (COLLECTIONS[*c].0, COLLECTIONS[*c].1);
+                if !gv.0.is_empty() && !groups.contains(&gv) {
+                    groups.push(gv);
+                }
+            }
             let groups: Vec<Value> = groups
                 .iter()
                 .map(|(g, v)| {
@@ -146,10 +147,10 @@ pub fn openapi(path: &str, served: impl Fn(usize) -> bool) -> Option<Value> {
 }
 
 /// A `Table` of `items` of collection `c`: NAME, the CRD's printer columns
-/// for minimesh's rules, AGE for the rest.
+/// for minimesh's kinds, AGE for the rest.
 pub fn table(c: usize, items: &[Value], resource_version: u64) -> Value {
     let columns: Vec<(String, String, String, u64)> = if COLLECTIONS[c].0 == "minimesh.io" {
-        crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+        crd(COLLECTIONS[c].2)["spec"]["versions"][0]["additionalPrinterColumns"]
             .as_array()
             .into_iter()
             .flatten()

@@ -1,0 +1,297 @@
+//! Workload identity on Kubernetes: two control-plane replicas share one
+//! root through a Secret; sidecars prove who they are with projected
+//! service-account tokens the API server reviews (TokenReview); the Pods
+//! that run a sidecar are called over mutual TLS; a PeerAuthentication
+//! applied through the API makes the mesh STRICT; and a follower passes its
+//! sidecars' load reports to the leader with its own token.
+
+use std::time::Duration;
+
+use base64::Engine;
+use minimesh_proto::v1::certificate_service_client::CertificateServiceClient;
+use minimesh_proto::v1::IssueRequest;
+use serde_json::json;
+
+use crate::fake_kube::FakeKube;
+use crate::harness::*;
+use crate::kubernetes::{control_plane, service, slice};
+
+const BACKEND_TOKEN: &str = "projected-backend-token";
+const WEB_TOKEN: &str = "projected-web-token";
+const CP_TOKEN: &str = "projected-control-plane-token";
+/// A token the kubelet mounts for the API server, not for minimesh.
+const API_TOKEN: &str = "api-server-audience-token";
+
+/// A sidecar at .host taking its config from `xds` over TLS, with `token`.
+async fn sidecar(
+    net: &Net,
+    host: u8,
+    xds: std::net::SocketAddr,
+    token: &str,
+    extra: &[&str],
+) -> Proc {
+    let dir = net.dir.clone();
+    let token_file = dir.join(format!("token-{host}"));
+    std::fs::write(&token_file, token).expect("token");
+    let mut args = vec![
+        "--xds-addr".to_string(),
+        format!("https://{xds}"),
+        "--workload".into(),
+        format!("pod-{host}"),
+        "--namespace".into(),
+        NS.into(),
+        "--outbound".into(),
+        net.addr(host, 15001).to_string(),
+        "--admin".into(),
+        net.addr(host, 15000).to_string(),
+        "--ca-root".into(),
+        dir.join("root-cert.pem").display().to_string(),
+        "--token-file".into(),
+        token_file.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let p = net.spawn(&format!("sidecar-{host}"), "sidecar", &args, &[]);
+    wait_http(net.addr(host, 15000), "/ready").await;
+    p
+}
+
+/// A certificate request to the control plane at `xds` with `token`: the
+/// SPIFFE ID it names, or the refusal.
+async fn issue(net: &Net, xds: std::net::SocketAddr, token: &str) -> Result<String, tonic::Status> {
+    let root = std::fs::read(net.dir.join("root-cert.pem")).expect("root");
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{xds}"))
+        .expect("uri")
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(root)),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("control plane");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .and_then(|c| c.pem())
+        .expect("csr");
+    let mut req = tonic::Request::new(IssueRequest { csr_pem: csr });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("value"),
+    );
+    let resp = CertificateServiceClient::new(channel).issue(req).await?;
+    Ok(resp.into_inner().spiffe_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_tokens() {
+    let net = Net::new(126);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    fake.issue_token(BACKEND_TOKEN, NS, "backend", &["minimesh"]);
+    fake.issue_token(WEB_TOKEN, NS, "web", &["minimesh"]);
+    fake.issue_token(
+        CP_TOKEN,
+        "minimesh-system",
+        "minimesh-control-plane",
+        &["minimesh"],
+    );
+    fake.issue_token(
+        API_TOKEN,
+        NS,
+        "web",
+        &["https://kubernetes.default.svc.cluster.local"],
+    );
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true)]));
+    // The backend's pod, as the injector labels it.
+    fake.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "backend-1", "namespace": NS,
+                     "labels": {"app": "backend", "minimesh.io/proxy": "sidecar"}},
+        "spec": {"containers": [{"name": "backend", "image": "backend"}]},
+        "status": {"phase": "Running", "podIP": net.ip(1).to_string(),
+                   "podIPs": [{"ip": net.ip(1).to_string()}]}
+    }));
+    let cp_token = net.dir.join("cp.token");
+    std::fs::write(&cp_token, CP_TOKEN).expect("token");
+    let flags = |host: u8| {
+        vec![
+            "--ca-secret".to_string(),
+            "minimesh-ca".into(),
+            "--token-file".into(),
+            cp_token.display().to_string(),
+            "--load-report-interval".into(),
+            "300ms".into(),
+            "--advertise-addr".into(),
+            format!("https://{}", net.addr(host, 15010)),
+        ]
+    };
+    let f0 = flags(254);
+    let f0: Vec<&str> = f0.iter().map(String::as_str).collect();
+    let cp0 = control_plane(&net, &fake, "cp-0", 254, &f0).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fake
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "minimesh-system",
+            "minimesh-control-plane",
+        )
+        .is_none_or(|l| l["spec"]["holderIdentity"] != "cp-0")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "cp-0 never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let f1 = flags(253);
+    let f1: Vec<&str> = f1.iter().map(String::as_str).collect();
+    let cp1 = control_plane(&net, &fake, "cp-1", 253, &f1).await;
+
+    // One root, generated by the first replica, read by the second.
+    assert_eq!(
+        fake.count("CREATE secrets minimesh-ca"),
+        1,
+        "{:?}",
+        fake.log()
+    );
+    let secret = fake
+        .get("v1", "Secret", "minimesh-system", "minimesh-ca")
+        .expect("the root's Secret");
+    let root = base64::engine::general_purpose::STANDARD
+        .decode(
+            secret["data"]["root-cert.pem"]
+                .as_str()
+                .expect("root-cert.pem"),
+        )
+        .expect("base64");
+    assert!(secret["data"]["root-key.pem"].is_string());
+    std::fs::write(net.dir.join("root-cert.pem"), &root).expect("root");
+    assert!(cp1
+        .log_text()
+        .contains("the mesh's root certificate read from its Secret"));
+
+    // The backend's sidecar is served by the leader, the caller's by the
+    // follower: a request between them is mutual TLS across two replicas'
+    // certificates, trusted through the one root.
+    let app = net.spawn(
+        "app-1",
+        "fake-service",
+        &[],
+        &[
+            ("LISTEN_ADDR", net.addr(1, 8080).to_string()),
+            ("NAME", "backend-1".into()),
+        ],
+    );
+    wait_http(net.addr(1, 8080), "/health").await;
+    let inbound = net.addr(1, 9090);
+    let _server = sidecar(
+        &net,
+        1,
+        net.addr(254, 15010),
+        BACKEND_TOKEN,
+        &[
+            "--inbound",
+            &inbound.to_string(),
+            "--app",
+            &net.addr(1, 8080).to_string(),
+        ],
+    )
+    .await;
+    let _client = sidecar(&net, 10, net.addr(253, 15010), WEB_TOKEN, &[]).await;
+    // The Pod watch marks the endpoint as a sidecar's.
+    wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"][0]["mtls"] == true
+    })
+    .await;
+
+    // Mesh-wide STRICT through the API.
+    fake.apply(json!({
+        "apiVersion": "minimesh.io/v1alpha1", "kind": "PeerAuthentication",
+        "metadata": {"name": "default", "namespace": "minimesh-system"},
+        "spec": {"mtls": {"mode": "STRICT"}}
+    }));
+    wait_sidecar(net.addr(1, 15000), Duration::from_secs(10), |v| {
+        v["mtls"]["inbound_mode"] == "STRICT"
+    })
+    .await;
+    let plain = get(inbound, "backend", "/").await;
+    assert!(plain.is_err(), "plaintext served under STRICT: {plain:?}");
+    for _ in 0..20 {
+        let (status, endpoint, body) = get(net.addr(10, 15001), "backend", "/")
+            .await
+            .expect("through the caller's sidecar");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(endpoint.as_deref(), Some(inbound.to_string().as_str()));
+    }
+
+    // Tokens the API server does not authenticate for minimesh: refused,
+    // with the API server's reason, in the answer, the log and the metrics.
+    let reviews_before = fake.count("CREATE tokenreviews");
+    for _ in 0..5 {
+        assert_eq!(
+            issue(&net, net.addr(253, 15010), WEB_TOKEN)
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(format!("spiffe://cluster.local/ns/{NS}/sa/web"))
+        );
+    }
+    assert!(
+        fake.count("CREATE tokenreviews") - reviews_before <= 1,
+        "a known token is reviewed once a minute, not per call"
+    );
+    let wrong_audience = issue(&net, net.addr(253, 15010), API_TOKEN)
+        .await
+        .expect_err("refused");
+    assert_eq!(wrong_audience.code(), tonic::Code::Unauthenticated);
+    let expected = "invalid credentials: the API server did not authenticate the token: [invalid bearer token, token audiences [\"https://kubernetes.default.svc.cluster.local\"] is invalid for the target audiences [\"minimesh\"]]";
+    assert_eq!(wrong_audience.message(), expected);
+    let unknown = issue(&net, net.addr(253, 15010), "not-a-token")
+        .await
+        .expect_err("refused");
+    assert!(
+        unknown
+            .message()
+            .starts_with("invalid credentials: the API server did not authenticate the token: [invalid bearer token"),
+        "{}",
+        unknown.message()
+    );
+    assert!(
+        cp1.log_text().contains(&format!("refused: {expected}")),
+        "{}",
+        cp1.log_text()
+    );
+    let (_, _, metrics) = get(net.addr(253, 15014), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains(
+            "minimesh_auth_refusals_total{service=\"certificates\",reason=\"invalid\"} 2"
+        ),
+        "{metrics}"
+    );
+
+    // The follower passed its sidecar's load reports to the leader, with
+    // the control plane's token (which speaks for every namespace).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let view = get_json(net.addr(254, 15014), "/debug/load").await;
+        let seen = view["clusters"]["backend.default.svc.cluster.local:80"][inbound.to_string()]
+            ["requests"]
+            .as_u64()
+            .unwrap_or(0);
+        if seen > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leader never saw the follower's reports: {view:#}\n{}",
+            cp1.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !cp0.log_text().contains("refused"),
+        "the leader refused a call: {}",
+        cp0.log_text()
+    );
+    drop(app);
+}
