@@ -83,6 +83,69 @@ async fn issue(net: &Net, xds: std::net::SocketAddr, token: &str) -> Result<Stri
     Ok(resp.into_inner().spiffe_id)
 }
 
+/// An Envoy-shaped ADS stream (xDS v3) with `token`, its node naming
+/// `namespace` in its metadata as Istio's proxies do: the first response,
+/// or the refusal.
+async fn envoy_discovery(
+    net: &Net,
+    xds: std::net::SocketAddr,
+    token: &str,
+    namespace: &str,
+) -> Result<(), tonic::Status> {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+    use futures_util::StreamExt;
+    let root = std::fs::read(net.dir.join("root-cert.pem")).expect("root");
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{xds}"))
+        .expect("uri")
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(root)),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("control plane");
+    let metadata = Struct {
+        fields: [(
+            "NAMESPACE".to_string(),
+            Value {
+                kind: Some(Kind::StringValue(namespace.into())),
+            },
+        )]
+        .into(),
+    };
+    let first = DiscoveryRequest {
+        node: Some(Node {
+            id: "envoy-1".into(),
+            cluster: "envoy".into(),
+            metadata: Some(metadata),
+            ..Default::default()
+        }),
+        type_url: minimesh_proto::xds_v3::CLUSTER_TYPE.into(),
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(
+        futures_util::stream::iter([first]).chain(futures_util::stream::pending()),
+    );
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("value"),
+    );
+    let mut stream = AggregatedDiscoveryServiceClient::new(channel)
+        .stream_aggregated_resources(req)
+        .await?
+        .into_inner();
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(Some(_))) => Ok(()),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("stream ended without a response")),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no response in 5 s")),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_tokens() {
     let net = Net::new(126);
@@ -267,6 +330,19 @@ async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_to
             "minimesh_auth_refusals_total{service=\"certificates\",reason=\"invalid\"} 2"
         ),
         "{metrics}"
+    );
+
+    // Envoy's protocol is bound to the token's namespace too.
+    let xds = net.addr(253, 15010);
+    assert!(envoy_discovery(&net, xds, WEB_TOKEN, NS).await.is_ok());
+    let other = envoy_discovery(&net, xds, WEB_TOKEN, "kube-system")
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        other.message(),
+        format!(
+            "the token's identity (ns/{NS}/sa/web) may not speak for namespace \"kube-system\""
+        )
     );
 
     // The follower passed its sidecar's load reports to the leader, with

@@ -2,7 +2,8 @@
 //! every call on the discovery port but the certificate service's carries a
 //! token ([`crate::grpc`] checks it before routing), and a proxy may name
 //! itself only in its identity's namespace (checked here on every request
-//! of the stream, for minimesh's protocol).
+//! of the stream: minimesh's protocol, and Envoy's, whose node names its
+//! namespace in the metadata key `NAMESPACE`).
 
 use std::sync::Arc;
 
@@ -47,7 +48,7 @@ impl NodeNamespace for minimesh_proto::v1::LoadStatsRequest {
 
 /// A call's request stream, ended with the refusal at the first request
 /// whose node names a namespace other than the call's identity's
-/// (unchanged when the call was not authenticated: no `--workload-tokens`).
+/// (unchanged when the call was not authenticated: no CA).
 pub fn checked<I, R>(
     request: tonic::Request<I>,
     service: &'static str,
@@ -57,7 +58,20 @@ where
     R: NodeNamespace + Send + 'static,
 {
     let caller = request.extensions().get::<Authenticated>().cloned();
-    let inbound = request.into_inner();
+    check(caller, request.into_inner(), service)
+}
+
+/// The same for a stream already taken from its call (Envoy's, converted
+/// to minimesh's messages), with the call's `caller`.
+pub fn check<I, R>(
+    caller: Option<Authenticated>,
+    inbound: I,
+    service: &'static str,
+) -> impl Stream<Item = Result<R, Status>> + Send + Unpin + 'static
+where
+    I: Stream<Item = Result<R, Status>> + Send + Unpin + 'static,
+    R: NodeNamespace + Send + 'static,
+{
     inbound.map(move |r| {
         let (Some(c), Ok(req)) = (&caller, &r) else {
             return r;

@@ -12,15 +12,25 @@ use futures_util::{Stream, StreamExt};
 use tonic::Status;
 
 use super::wire;
+use crate::ca::streams::{check, Authenticated};
 use crate::discovery::server::Discovery;
 use crate::discovery::session::BoxStream;
 
 /// A state-of-the-world stream answering the requests of `inbound`.
-pub fn sotw<I>(discovery: &Discovery, inbound: I) -> BoxStream<DiscoveryResponse>
+/// The caller (with a CA) may speak only for its namespace.
+pub fn sotw<I>(
+    discovery: &Discovery,
+    inbound: I,
+    caller: Option<Authenticated>,
+) -> BoxStream<DiscoveryResponse>
 where
     I: Stream<Item = Result<DiscoveryRequest, Status>> + Send + Unpin + 'static,
 {
-    let inbound = inbound.map(|r| r.map(wire::sotw_request));
+    let inbound = check(
+        caller,
+        inbound.map(|r| r.map(wire::sotw_request)),
+        "discovery",
+    );
     Box::pin(
         discovery
             .sotw_v3(inbound)
@@ -29,11 +39,19 @@ where
 }
 
 /// An incremental stream answering the requests of `inbound`.
-pub fn delta<I>(discovery: &Discovery, inbound: I) -> BoxStream<DeltaDiscoveryResponse>
+pub fn delta<I>(
+    discovery: &Discovery,
+    inbound: I,
+    caller: Option<Authenticated>,
+) -> BoxStream<DeltaDiscoveryResponse>
 where
     I: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + Unpin + 'static,
 {
-    let inbound = inbound.map(|r| r.map(wire::delta_request));
+    let inbound = check(
+        caller,
+        inbound.map(|r| r.map(wire::delta_request)),
+        "discovery",
+    );
     Box::pin(
         discovery
             .delta_v3(inbound)

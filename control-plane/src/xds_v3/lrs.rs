@@ -30,11 +30,15 @@ use crate::load::LoadReports;
 
 /// A load-report stream reading the reports of `inbound`. Mounted on the
 /// discovery port by [`super::server`].
-pub fn stream<I>(reports: &LoadReports, inbound: I) -> BoxStream<LoadStatsResponse>
+pub fn stream<I>(
+    reports: &LoadReports,
+    inbound: I,
+    caller: Option<crate::ca::streams::Authenticated>,
+) -> BoxStream<LoadStatsResponse>
 where
     I: Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
 {
-    let inbound = inbound.map(|r| r.map(report));
+    let inbound = crate::ca::streams::check(caller, inbound.map(|r| r.map(report)), "load_reports");
     Box::pin(reports.open(inbound).map(|r| {
         r.map(|r| LoadStatsResponse {
             clusters: r.clusters,

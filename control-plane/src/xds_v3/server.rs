@@ -25,6 +25,7 @@ use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{ads, lrs};
+use crate::ca::streams::Authenticated;
 use crate::discovery::server::Discovery;
 use crate::discovery::session::BoxStream;
 use crate::grpc::MAX_MESSAGE_BYTES;
@@ -40,7 +41,7 @@ struct Method<F>(F);
 
 impl<F, Req, Resp> Service<Request<Streaming<Req>>> for Method<F>
 where
-    F: FnMut(Streaming<Req>) -> BoxStream<Resp>,
+    F: FnMut(Streaming<Req>, Option<Authenticated>) -> BoxStream<Resp>,
 {
     type Response = Response<BoxStream<Resp>>;
     type Error = Status;
@@ -51,7 +52,8 @@ where
     }
 
     fn call(&mut self, request: Request<Streaming<Req>>) -> Self::Future {
-        ready(Ok(Response::new((self.0)(request.into_inner()))))
+        let caller = request.extensions().get::<Authenticated>().cloned();
+        ready(Ok(Response::new((self.0)(request.into_inner(), caller))))
     }
 }
 
@@ -60,7 +62,7 @@ fn serve<Req, Resp, F>(req: http::Request<Body>, method: F) -> HttpFuture
 where
     Req: minimesh_proto::prost::Message + Default + Send + 'static,
     Resp: minimesh_proto::prost::Message + Send + 'static,
-    F: FnMut(Streaming<Req>) -> BoxStream<Resp> + Send + 'static,
+    F: FnMut(Streaming<Req>, Option<Authenticated>) -> BoxStream<Resp> + Send + 'static,
 {
     Box::pin(async move {
         let mut grpc = Grpc::new(Codec::<Resp, Req>::default())
@@ -115,15 +117,20 @@ impl Methods for Ads {
         let d = self.0.clone();
         match req.uri().path() {
             "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources" => {
-                serve(req, move |s: Streaming<DiscoveryRequest>| -> BoxStream<DiscoveryResponse> {
-                    ads::sotw(&d, s)
-                })
+                serve(
+                    req,
+                    move |s: Streaming<DiscoveryRequest>, who| -> BoxStream<DiscoveryResponse> {
+                        ads::sotw(&d, s, who)
+                    },
+                )
             }
             "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources" => {
                 serve(
                     req,
-                    move |s: Streaming<DeltaDiscoveryRequest>| -> BoxStream<DeltaDiscoveryResponse> {
-                        ads::delta(&d, s)
+                    move |s: Streaming<DeltaDiscoveryRequest>,
+                          who|
+                          -> BoxStream<DeltaDiscoveryResponse> {
+                        ads::delta(&d, s, who)
                     },
                 )
             }
@@ -144,8 +151,8 @@ impl Methods for Lrs {
         match req.uri().path() {
             "/envoy.service.load_stats.v3.LoadReportingService/StreamLoadStats" => serve(
                 req,
-                move |s: Streaming<LoadStatsRequest>| -> BoxStream<LoadStatsResponse> {
-                    lrs::stream(&r, s)
+                move |s: Streaming<LoadStatsRequest>, who| -> BoxStream<LoadStatsResponse> {
+                    lrs::stream(&r, s, who)
                 },
             ),
             path => unimplemented(path),
