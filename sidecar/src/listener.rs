@@ -93,6 +93,7 @@ fn serve_connection(
     peer: SocketAddr,
     proxy: &Arc<Proxy>,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
+    shutdown: &watch::Receiver<bool>,
     loops: &Arc<Loops>,
     me: usize,
 ) {
@@ -103,6 +104,7 @@ fn serve_connection(
     let limits = proxy.head_limits;
     let inbound = proxy.inbound;
     let watcher = graceful.watcher();
+    let mut shutdown = shutdown.clone();
     let proxy = proxy.clone();
     tokio::spawn(async move {
         let _open = open;
@@ -114,6 +116,7 @@ fn serve_connection(
         } else {
             crate::tls::Io::Plain(stream)
         };
+        let plaintext_inbound = inbound && matches!(io, crate::tls::Io::Plain(_));
         let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         // hyper's header read timeout runs from when a connection starts waiting
@@ -131,8 +134,37 @@ fn serve_connection(
             .http2()
             .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
         let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-        if let Err(e) = watcher.watch(conn).await {
-            debug!(%peer, error = %e, "connection ended");
+        if !plaintext_inbound {
+            if let Err(e) = watcher.watch(conn).await {
+                debug!(%peer, error = %e, "connection ended");
+            }
+            return;
+        }
+        // A plaintext inbound connection (PERMISSIVE) ends, gracefully
+        // (requests in flight answered, then the close or GOAWAY), when
+        // the mode becomes STRICT, as at shutdown; counted by `watcher`
+        // for the drain until then.
+        let _counted = watcher;
+        tokio::pin!(conn);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        debug!(%peer, error = %e, "connection ended");
+                    }
+                    return;
+                }
+                _ = crate::tls::became_strict(), if !closing => {
+                    debug!(%peer, "closing a plaintext connection: STRICT mutual TLS is now in force");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = shutdown.wait_for(|s| *s), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
         }
     });
 }
@@ -205,7 +237,7 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        serve_connection(stream, peer, &proxy, &graceful, &loops, me);
+        serve_connection(stream, peer, &proxy, &graceful, &shutdown, &loops, me);
     }
     loops.handoff[me]
         .lock()
@@ -218,7 +250,7 @@ pub async fn serve(
     while let Ok((std, peer)) = handed.try_recv() {
         loops.open[me].fetch_sub(1, Ordering::Relaxed);
         if let Ok(stream) = TcpStream::from_std(std) {
-            serve_connection(stream, peer, &proxy, &graceful, &loops, me);
+            serve_connection(stream, peer, &proxy, &graceful, &shutdown, &loops, me);
         }
     }
     if tokio::time::timeout(drain, graceful.shutdown())

@@ -56,6 +56,17 @@ pub fn install(mesh: Arc<Mesh>) {
     let _ = MESH.set(mesh);
 }
 
+/// True while STRICT: what plaintext inbound connections watch, to close
+/// (gracefully) when the mode becomes STRICT.
+static STRICT: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(false));
+
+/// Resolves once the inbound mode is STRICT.
+pub async fn became_strict() {
+    let mut rx = STRICT.subscribe();
+    let _ = rx.wait_for(|strict| *strict).await;
+}
+
 /// Sets the inbound listener's mode: STRICT, or PERMISSIVE for anything else.
 pub fn set_inbound_mode(mode: MtlsMode) {
     let mode = match mode {
@@ -63,6 +74,10 @@ pub fn set_inbound_mode(mode: MtlsMode) {
         _ => MtlsMode::MtlsPermissive,
     };
     let old = INBOUND_MODE.swap(mode as u8, Ordering::Relaxed);
+    STRICT.send_if_modified(|strict| {
+        let now = mode == MtlsMode::MtlsStrict;
+        std::mem::replace(strict, now) != now
+    });
     if old != mode as u8 {
         tracing::info!(mode = mode.as_str_name(), "inbound mutual TLS mode");
         if mode == MtlsMode::MtlsStrict && mesh().is_none() {

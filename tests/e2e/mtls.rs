@@ -345,7 +345,30 @@ async fn strict_refuses_plaintext_and_serves_callers_with_a_mesh_certificate() {
         endpoint_mtls(true),
     )
     .await;
+    // A plaintext keep-alive connection opened while PERMISSIVE...
+    let mut kept = TcpStream::connect(inbound).await.expect("connect");
+    kept.write_all(b"GET / HTTP/1.1\r\nhost: backend\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = kept.read(&mut buf).await.expect("read");
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
     mesh.mesh_mode("STRICT").await;
+    // ... is closed once STRICT is in force (idle: at once).
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match kept.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a plaintext connection outlived STRICT");
 
     // STRICT: a plaintext request gets no answer at all.
     let plain = plain_get(inbound).await;
