@@ -272,6 +272,7 @@ pub fn translate(
                 max_requests_per_connection: res.max_requests_per_connection,
                 max_retries: res.max_retries,
                 retry_on: res.retry_on,
+                retriable_status_codes: res.retriable_status_codes.clone(),
                 health_check: res.health_check.as_ref().map(|h| v1::HealthCheck {
                     path: h.path.clone(),
                     grpc: h.grpc_service.is_some(),

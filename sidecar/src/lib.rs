@@ -351,7 +351,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             pick_ns: Default::default(),
             outlier: None,
             max_requests: 0,
-            retry_on: minimesh_proto::v1::RetryOn::ConnectFailure as u32,
+            retry_on: retry::Conditions::new(
+                minimesh_proto::v1::RetryOn::ConnectFailure as u32,
+                &[],
+            ),
             inflight: Default::default(),
             max_retries: 0,
             retries_inflight: Default::default(),

@@ -252,7 +252,7 @@ async fn forward(
             left: attempt + 1 < req.attempts && req.body.resendable(),
             idempotent: req.idempotent,
         };
-        let (outcome, action) = sent.decide(req.h2, at, cluster.retry_on);
+        let (outcome, action) = sent.decide(req.h2, at, &cluster.retry_on);
         let sent = match (sent, action) {
             (Sent::Answered(resp), Action::Stop) => {
                 let held = (guard, inflight.take());

@@ -163,9 +163,36 @@ pub enum Action {
     Stop,
 }
 
+/// A cluster's retry conditions: bits of the wire `RetryOn`, and the status
+/// codes `RETRIABLE_STATUS_CODES` retries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Conditions {
+    /// Bits of the wire `RetryOn`.
+    pub bits: u32,
+    /// Retriable status codes (a few; looked through in place).
+    pub codes: Box<[u16]>,
+}
+
+impl Conditions {
+    /// The conditions of a cluster's `retry_on` and `retriable_status_codes`.
+    pub fn new(bits: u32, codes: &[u32]) -> Conditions {
+        Conditions {
+            bits,
+            codes: codes
+                .iter()
+                .filter_map(|c| u16::try_from(*c).ok())
+                .collect(),
+        }
+    }
+
+    fn on(&self, c: RetryOn) -> bool {
+        self.bits & c as u32 != 0
+    }
+}
+
 /// What follows an attempt that came to `outcome`, for a request standing
-/// at `at`, under the cluster's `retry_on` bits (the wire `RetryOn`).
-pub fn decide(outcome: Attempted, at: Standing, retry_on: u32) -> Action {
+/// at `at`, under the cluster's retry conditions.
+pub fn decide(outcome: Attempted, at: Standing, retry_on: &Conditions) -> Action {
     if at.left && retriable(outcome, at.idempotent, retry_on) {
         Action::Retry
     } else {
@@ -180,7 +207,7 @@ pub fn decide_response(
     headers: &HeaderMap,
     h2: bool,
     at: Standing,
-    retry_on: u32,
+    retry_on: &Conditions,
 ) -> (Attempted, Action) {
     let readings = Attempted::readings(status, headers, h2);
     let mut all = readings.into_iter().flatten();
@@ -190,8 +217,8 @@ pub fn decide_response(
 }
 
 /// Whether `outcome` may be retried at all under `retry_on`.
-fn retriable(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
-    let on = |c: RetryOn| retry_on & c as u32 != 0;
+fn retriable(outcome: Attempted, idempotent: bool, retry_on: &Conditions) -> bool {
+    let on = |c: RetryOn| retry_on.on(c);
     match outcome {
         // A hung replica may have processed the request: idempotent only.
         Attempted::TimedOut => {
@@ -201,18 +228,20 @@ fn retriable(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
         // The app never saw it (connect-failure, any method), or its
         // sidecar lost it in flight (reset, idempotent only); and whatever
         // the status itself allows.
+        // The mesh default's retriable 503 stands for "not processed": not
+        // when the endpoint's sidecar says its app may have seen a request
+        // that cannot go twice (`5xx` and `gateway-error` still retry it,
+        // as asked).
         Attempted::AppGone {
             status,
             unprocessed,
         } => {
-            (status == 503 && on(RetryOn::ConnectFailure) && (idempotent || unprocessed))
+            let safe = idempotent || unprocessed;
+            (status == 503 && on(RetryOn::ConnectFailure) && safe)
                 || (status == 502 && on(RetryOn::Reset) && idempotent)
-                || retriable(Attempted::Status(status), idempotent, retry_on)
+                || status_retriable(status, retry_on, safe)
         }
-        Attempted::Status(status) => {
-            (on(RetryOn::ServerError) && (500..600).contains(&status))
-                || (on(RetryOn::GatewayError) && (502..=504).contains(&status))
-        }
+        Attempted::Status(status) => status_retriable(status, retry_on, true),
         Attempted::GrpcStatus(14) => on(RetryOn::Unavailable),
         Attempted::GrpcStatus(1) => on(RetryOn::Cancelled),
         Attempted::GrpcStatus(_) => false,
@@ -220,6 +249,14 @@ fn retriable(outcome: Attempted, idempotent: bool, retry_on: u32) -> bool {
         Attempted::RefusedStream => on(RetryOn::RefusedStream),
         Attempted::Reset => idempotent && on(RetryOn::Reset),
     }
+}
+
+/// Whether a response's `status` is retried under `retry_on` (its codes
+/// only when `codes`).
+fn status_retriable(status: u16, retry_on: &Conditions, codes: bool) -> bool {
+    (retry_on.on(RetryOn::ServerError) && (500..600).contains(&status))
+        || (retry_on.on(RetryOn::GatewayError) && (502..=504).contains(&status))
+        || (codes && retry_on.on(RetryOn::RetriableStatusCodes) && retry_on.codes.contains(&status))
 }
 
 /// The gRPC status header (or trailer).
@@ -234,7 +271,7 @@ pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decide, decide_response, Action, Attempted::*, Budget, Standing};
+    use super::{decide, decide_response, Action, Attempted::*, Budget, Conditions, Standing};
     use http::{HeaderMap, HeaderValue};
     use minimesh_proto::headers;
     use minimesh_proto::retry_on::{parse, DEFAULT};
@@ -246,8 +283,11 @@ mod tests {
 
     #[test]
     fn the_retry_decision_table() {
-        let bits = |s: &str| parse(s).expect("tokens");
-        let (default, none) = (bits(DEFAULT), 0);
+        let bits = |s: &str| {
+            let p = parse(s).expect("tokens");
+            Conditions::new(p.bits, &p.codes)
+        };
+        let (default, none) = (bits(DEFAULT), Conditions::default());
         let all =
             bits("connect-failure,refused-stream,unavailable,cancelled,5xx,gateway-error,reset");
         let gateway = bits("gateway-error");
@@ -256,40 +296,46 @@ mod tests {
             unprocessed,
         };
         // (outcome, idempotent, retry_on) -> retried elsewhere
+        let too_many = bits("retriable-status-codes,429");
         let table = [
-            (ConnectFailed, false, default, true),
-            (ConnectFailed, true, none, false),
-            (RefusedStream, false, default, true),
-            (Reset, true, default, true),
-            (Reset, false, all, false),
-            (TimedOut, true, default, true),
-            (TimedOut, false, all, false),
-            (gone(503, true), false, default, true),
-            (gone(503, false), false, default, false),
-            (gone(503, false), true, default, true),
-            (gone(502, false), true, default, true),
-            (gone(502, false), false, default, false),
-            (gone(502, false), false, all, true),
-            (Status(500), true, default, false),
-            (Status(500), false, all, true),
-            (Status(503), true, gateway, true),
-            (Status(500), true, gateway, false),
-            (Status(404), true, all, false),
-            (GrpcStatus(14), false, default, true),
-            (GrpcStatus(1), false, default, true),
-            (GrpcStatus(2), false, all, false),
-            (GrpcStatus(14), false, none, false),
+            (ConnectFailed, false, &default, true),
+            (ConnectFailed, true, &none, false),
+            (RefusedStream, false, &default, true),
+            (Reset, true, &default, true),
+            (Reset, false, &all, false),
+            (TimedOut, true, &default, true),
+            (TimedOut, false, &all, false),
+            (gone(503, true), false, &default, true),
+            (gone(503, false), false, &default, false),
+            (gone(503, false), true, &default, true),
+            (gone(502, false), true, &default, true),
+            (gone(502, false), false, &default, false),
+            (gone(502, false), false, &all, true),
+            (Status(500), true, &default, false),
+            // Istio's default: a 503 goes to another endpoint, any method
+            // (the server answered it without doing the work).
+            (Status(503), false, &default, true),
+            (Status(502), true, &default, false),
+            (Status(429), true, &too_many, true),
+            (Status(500), false, &all, true),
+            (Status(503), true, &gateway, true),
+            (Status(500), true, &gateway, false),
+            (Status(404), true, &all, false),
+            (GrpcStatus(14), false, &default, true),
+            (GrpcStatus(1), false, &default, true),
+            (GrpcStatus(2), false, &all, false),
+            (GrpcStatus(14), false, &none, false),
         ];
         for (outcome, idempotent, retry_on, want) in table {
             let want = if want { Action::Retry } else { Action::Stop };
             assert_eq!(
                 decide(outcome, at(true, idempotent), retry_on),
                 want,
-                "{outcome:?} idempotent={idempotent} retry_on={retry_on:#b}"
+                "{outcome:?} idempotent={idempotent} retry_on={retry_on:?}"
             );
             // With no attempt left (or a body that cannot go again): stop.
             assert_eq!(
-                decide(outcome, at(false, idempotent), all),
+                decide(outcome, at(false, idempotent), &all),
                 Action::Stop,
                 "{outcome:?}"
             );
@@ -318,8 +364,12 @@ mod tests {
 
     #[test]
     fn a_response_is_read_most_specific_first() {
-        let default = parse(DEFAULT).expect("tokens");
-        let five = parse("5xx").expect("tokens");
+        let conditions = |s: &str| {
+            let p = parse(s).expect("tokens");
+            Conditions::new(p.bits, &p.codes)
+        };
+        let (default, five) = (&conditions(DEFAULT), &conditions("5xx"));
+        let no_503 = &conditions("connect-failure,reset");
         let h = |pairs: &[(&'static str, &'static str)]| {
             let mut m = HeaderMap::new();
             for (k, v) in pairs {
@@ -339,9 +389,14 @@ mod tests {
                 Action::Retry
             )
         );
-        // The same from an app (no mesh header) is a plain 503.
+        // The same from an app (no mesh header) is a plain 503: retried
+        // by default (a retriable status code), not without it.
         assert_eq!(
-            decide_response(503, &HeaderMap::new(), false, at(true, true), default),
+            decide_response(503, &HeaderMap::new(), false, at(true, false), default),
+            (Status(503), Action::Retry)
+        );
+        assert_eq!(
+            decide_response(503, &HeaderMap::new(), false, at(true, true), no_503),
             (Status(503), Action::Stop)
         );
         assert_eq!(

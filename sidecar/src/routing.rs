@@ -77,8 +77,8 @@ pub struct ClusterHandle {
     pub outlier: Option<minimesh_proto::v1::OutlierDetection>,
     /// Requests in flight at most (0 = unlimited).
     pub max_requests: u32,
-    /// When to retry (bits of the wire `RetryOn`).
-    pub retry_on: u32,
+    /// When to retry.
+    pub retry_on: crate::retry::Conditions,
     /// Requests in flight now; shared across config updates.
     pub inflight: Arc<std::sync::atomic::AtomicU32>,
     /// Retries in flight at most (0 = unlimited; `connectionPool.http.maxRetries`).
@@ -443,7 +443,7 @@ impl Resources {
                     .then(|| Duration::from_millis(c.per_try_timeout_ms)),
                 outlier: c.outlier_detection,
                 max_requests: c.max_requests,
-                retry_on: c.retry_on,
+                retry_on: crate::retry::Conditions::new(c.retry_on, &c.retriable_status_codes),
                 inflight: self.inflight.entry(name.clone()).or_default().clone(),
                 max_retries: c.max_retries,
                 retries_inflight: self

@@ -252,6 +252,43 @@ async fn hung_backend_with_per_try_timeout_loses_nothing_and_bounds_latency() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_rule_a_replica_shedding_503s_costs_callers_almost_nothing() {
+    let net = Net::new(127);
+    // One replica of three answers 503 to 30% of its requests.
+    let _shedding = net
+        .backend(1, &[("ERROR_RATE", "0.3"), ("ERROR_CODE", "503")])
+        .await;
+    let _b2 = net.backend(2, &[]).await;
+    let _b3 = net.backend(3, &[]).await;
+    net.service("backend", &[1, 2, 3]);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    const N: u64 = 3000;
+    let c = load(net.addr(100, 15001), "backend", 4, N).await;
+    // Istio's default retries 503 on another endpoint: about 10% of first
+    // tries fail, and nearly none of the requests.
+    let failed = c.failed.len() as f64 / N as f64;
+    assert!(
+        failed < 0.005,
+        "{} of {N} failed: {:?}",
+        c.failed.len(),
+        &c.failed[..c.failed.len().min(3)]
+    );
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    let cluster = &v["clusters"]["backend.default.svc.cluster.local:80"];
+    let retries = cluster["retries"].as_u64().expect("retries");
+    // The extra load is the shed share, within the budget (20%).
+    assert!(
+        (N / 20..=N / 5).contains(&retries),
+        "{retries} retries for {N} requests"
+    );
+    eprintln!(
+        "a replica shedding 30% with 503, no rule: {} of {N} failed, {retries} retries",
+        c.failed.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_stay_within_the_budget_when_every_backend_fails() {
     let net = Net::new(44);
     // Three endpoints, none listening: every attempt is refused.
@@ -340,7 +377,12 @@ async fn a_half_failing_backend_is_ejected_and_comes_back() {
         assert_eq!(status, 200);
         assert_eq!(ep.as_deref(), Some(net.addr(2, 9090).to_string().as_str()));
         during += 1;
-        // After the ejection time (2 s) it serves again.
+        // After the ejection time (2 s) it is back in rotation (its 503s,
+        // half its answers, are retried on the good endpoint by default, so
+        // the answer a client sees may still come from the good one).
+        if during > 20 && !ejected(&get_json(net.addr(100, 15000), "/debug/config").await) {
+            break;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the ejected endpoint never came back"
@@ -641,10 +683,19 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
     assert_eq!(failures("broken").await, 5);
     let v = get_json(admin, "/debug/config").await;
     assert!(ejected(&v, net.addr(4, 9090)), "{v:#}");
-    // The 503s are overload: never ejected, a third of requests keep failing.
-    let failed = failures("overloaded").await;
-    assert!(failed > 10, "only {failed} of 60 met the 503s");
+    // The 503s are overload: never ejected, and (Istio's default retry
+    // policy) retried on another endpoint: a third of the requests meet
+    // them, none fails.
+    let retries = |v: &serde_json::Value| {
+        v["clusters"]["overloaded.default.svc.cluster.local:80"]["retries"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = retries(&get_json(admin, "/debug/config").await);
+    assert_eq!(failures("overloaded").await, 0);
     let v = get_json(admin, "/debug/config").await;
+    let met = retries(&v) - before;
+    assert!(met > 10, "only {met} of 60 met the 503s");
     assert!(!ejected(&v, net.addr(3, 9090)), "{v:#}");
     // A rule's own outlier detection counts them, as Istio's does.
     net.write(
@@ -661,7 +712,9 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
             })
     })
     .await;
-    assert_eq!(failures("overloaded").await, 5);
+    let before = retries(&get_json(admin, "/debug/config").await);
+    assert_eq!(failures("overloaded").await, 0);
     let v = get_json(admin, "/debug/config").await;
+    assert_eq!(retries(&v) - before, 5, "five 503s eject it");
     assert!(ejected(&v, net.addr(3, 9090)), "{v:#}");
 }

@@ -408,8 +408,9 @@ pub struct Retries {
     /// Retries after the first attempt (default 2, at most 10).
     #[serde(default)]
     pub attempts: Option<u32>,
-    /// When to retry, Istio's comma-separated tokens (default
-    /// `connect-failure,refused-stream,unavailable,cancelled,reset`).
+    /// When to retry, Istio's comma-separated tokens and status codes
+    /// (default `connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes,503,reset`:
+    /// Istio's, plus `reset`).
     #[serde(default)]
     pub retry_on: Option<String>,
     /// Timeout of each attempt, e.g. `1s` (default: none).

@@ -190,6 +190,7 @@ fn retry_policy(c: &v1::Cluster) -> Option<RetryPolicy> {
             value: c.retry_attempts,
         }),
         per_try_timeout: (c.per_try_timeout_ms > 0).then(|| millis(c.per_try_timeout_ms)),
+        retriable_status_codes: c.retriable_status_codes.clone(),
         retry_back_off: Some(RetryBackOff {
             base_interval: Some(millis(25)),
             max_interval: Some(millis(250)),

@@ -20,7 +20,12 @@ pub(crate) enum Sent {
 
 impl Sent {
     /// How the attempt reads for the retry decision, and what follows it.
-    pub(crate) fn decide(&self, h2: bool, at: Standing, retry_on: u32) -> (Attempted, Action) {
+    pub(crate) fn decide(
+        &self,
+        h2: bool,
+        at: Standing,
+        retry_on: &retry::Conditions,
+    ) -> (Attempted, Action) {
         let outcome = match self {
             Sent::Answered(r) => {
                 return retry::decide_response(r.status().as_u16(), r.headers(), h2, at, retry_on)

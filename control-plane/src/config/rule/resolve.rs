@@ -50,6 +50,8 @@ pub struct Resolved {
     pub outlier: Option<Outlier>,
     /// Bits of the wire `RetryOn` enum.
     pub retry_on: u32,
+    /// The status codes retried under `retriable-status-codes`.
+    pub retriable_status_codes: Vec<u32>,
     /// Active health checking, when configured.
     pub health_check: Option<ResolvedHealthCheck>,
     /// Requests in flight per sidecar at most over HTTP/1.1 (0 = unlimited):
@@ -127,7 +129,8 @@ impl Default for Resolved {
             max_retries: 0,
             max_connection_duration: None,
             locality_failover: true,
-            retry_on: parse_retry_on(DEFAULT_RETRY_ON).unwrap_or(0),
+            retry_on: DEFAULT_RETRY.bits,
+            retriable_status_codes: DEFAULT_RETRY.codes.clone(),
             health_check: None,
             ports: BTreeMap::new(),
         }
@@ -393,8 +396,10 @@ pub(crate) fn resolve(
             resolved.retry_attempts = a;
         }
         if let Some(on) = &r.retry_on {
-            resolved.retry_on = parse_retry_on(on)
+            let parsed = parse_retry_on(on)
                 .map_err(|reason| FieldError::new(format!("{at}.retries.retryOn"), reason))?;
+            resolved.retry_on = parsed.bits;
+            resolved.retriable_status_codes = parsed.codes;
         }
         if let Some(t) = &r.per_try_timeout {
             resolved.per_try_timeout = Some(

@@ -238,6 +238,10 @@ pub(crate) fn is_prime(n: u64) -> bool {
 /// Retry conditions when a rule names none ([`minimesh_proto::retry_on`]).
 pub use minimesh_proto::retry_on::DEFAULT as DEFAULT_RETRY_ON;
 
+/// [`DEFAULT_RETRY_ON`], parsed once.
+pub static DEFAULT_RETRY: std::sync::LazyLock<minimesh_proto::retry_on::Parsed> =
+    std::sync::LazyLock::new(|| parse_retry_on(DEFAULT_RETRY_ON).unwrap_or_default());
+
 /// Parses Istio's comma-separated `retryOn` ([`minimesh_proto::retry_on`]).
 pub use minimesh_proto::retry_on::parse as parse_retry_on;
 
