@@ -31,7 +31,7 @@ use scenario::{Action, Scenario};
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Scenario file, or the name of a shipped one (`examples/bench/NAME.yaml`):
-    /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, capacity-ramp;
+    /// lb-lab-steady, lb-lab-burst, lb-lab-failure, istio-slow-replica, slow-replica-5, capacity-ramp;
     /// or `overhead` (the data-plane cost: direct, one sidecar, a pair, nginx, HAProxy, and nginx answering by itself as the machine's CPU floor),
     /// or `control-plane` (memory per sidecar and change-to-ACK time for --sidecars N),
     /// or `soak` (the demo mesh under steady load for --minutes while a replica is

@@ -277,10 +277,11 @@ impl EndpointState {
         Some(!failing)
     }
 
-    /// Folds a response's round-trip time into PEAK_EWMA's estimate.
+    /// Folds a response's round-trip time, and the requests that were in
+    /// flight to the endpoint when it was sent, into PEAK_EWMA's estimate.
     #[inline]
-    pub fn observe_rtt(&self, rtt_us: f64, now_us: u64) {
-        self.rtt.observe(rtt_us, now_us);
+    pub fn observe_rtt(&self, rtt_us: f64, ahead: u32, now_us: u64) {
+        self.rtt.observe(rtt_us, ahead, now_us);
     }
 
     /// Records a refused connection (or an attempt that timed out): the
@@ -329,9 +330,9 @@ impl EndpointState {
     /// Counts a request in flight until the guard is dropped.
     #[inline]
     pub fn start(self: &Arc<Self>) -> ActiveGuard {
-        self.active.fetch_add(1, Ordering::Relaxed);
+        let ahead = self.active.fetch_add(1, Ordering::Relaxed);
         self.counters.count_issued();
-        ActiveGuard(self.clone())
+        ActiveGuard(self.clone(), ahead)
     }
 }
 
@@ -371,12 +372,18 @@ impl Endpoint for EndpointState {
 
 /// Decrements the endpoint's active count when dropped.
 #[derive(Debug)]
-pub struct ActiveGuard(Arc<EndpointState>);
+pub struct ActiveGuard(Arc<EndpointState>, u32);
 
 impl ActiveGuard {
     /// The endpoint counted.
     pub fn endpoint(&self) -> &Arc<EndpointState> {
         &self.0
+    }
+
+    /// The requests that were in flight to the endpoint when this one
+    /// started.
+    pub fn ahead(&self) -> u32 {
+        self.1
     }
 }
 

@@ -92,6 +92,55 @@ async fn least_request_prefers_the_fast_endpoint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_ewma_keeps_a_replica_slow_regardless_of_load_out_while_fast_ones_are_busy() {
+    // One replica at 200 ms, two at 30 ms; all serve side by side. With 12
+    // clients, each fast replica has about six in flight: priced as if it
+    // queued (30 ms × 7), a fast one would look slower than the idle slow
+    // one (200 ms) and feed it. PEAK_EWMA learns they do not queue.
+    let net = Net::new(128);
+    let _slow = net
+        .backend(
+            1,
+            &[("TIMING_50_PERCENTILE", "200ms"), ("TIMING_VARIANCE", "5")],
+        )
+        .await;
+    let _f2 = net
+        .backend(
+            2,
+            &[("TIMING_50_PERCENTILE", "30ms"), ("TIMING_VARIANCE", "10")],
+        )
+        .await;
+    let _f3 = net
+        .backend(
+            3,
+            &[("TIMING_50_PERCENTILE", "30ms"), ("TIMING_VARIANCE", "10")],
+        )
+        .await;
+    net.service("backend", &[1, 2, 3]);
+    net.rule("rule.yaml", "backend", "simple: PEAK_EWMA");
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    // Warm up: every replica answers a few, the fast ones under load.
+    let warm = load(proxy, "backend:80", 12, 600).await;
+    assert!(warm.failed.is_empty(), "{:?}", warm.failed);
+    let c = load(proxy, "backend:80", 12, 3000).await;
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    let slow = c.share(net.addr(1, 9090));
+    assert!(
+        slow < 0.005,
+        "the slow replica served {:.2}% : {:?}",
+        slow * 100.0,
+        c.by_endpoint
+    );
+    eprintln!(
+        "PEAK_EWMA, one replica of three at 200 ms, 12 clients: slow share {:.3}%, p99 {:?}",
+        slow * 100.0,
+        c.quantile(0.99)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_policy_is_least_request_and_h2c_and_proxy_form_work() {
     let net = Net::new(15);
     let _b1 = net.backend(1, &[]).await;

@@ -89,6 +89,7 @@ async fn every_shipped_scenario_runs_at_a_small_scale() {
         ("lb-lab-steady", "0.05", 4),
         ("lb-lab-burst", "0.03", 4),
         ("istio-slow-replica", "0.05", 3),
+        ("slow-replica-5", "0.05", 5),
         ("capacity-ramp", "0.01", 3),
         ("zone-failure", "0.05", 4),
     ] {

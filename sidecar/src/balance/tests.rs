@@ -277,17 +277,18 @@ fn peak_ewma_shuns_a_slow_endpoint_until_it_answers_fast_again() {
     let b = Balancer::new(Policy::PeakEwma, 0, eps.clone());
     let ms = |t: u64| t * 1000; // µs
     let now = 10_000;
-    eps[0].0.rtt.observe(1_000_000.0, ms(now));
-    eps[1].0.rtt.observe(10_000.0, ms(now));
-    eps[2].0.rtt.observe(12_000.0, ms(now));
+    eps[0].0.rtt.observe(1_000_000.0, 0, ms(now));
+    eps[1].0.rtt.observe(10_000.0, 0, ms(now));
+    eps[2].0.rtt.observe(12_000.0, 0, ms(now));
     let c = counts(&b, &eps, 10_000, now);
     assert_eq!(c[0], 0, "a 1 s endpoint beside 10 ms ones: {c:?}");
-    // Busy fast endpoints still beat the slow one: 30 in flight × 10 ms
-    // is less than 1 s.
+    // With nothing known of how they bear load, busy fast endpoints are
+    // priced as if they queued: 30 in flight × 10 ms is still less than
+    // 1 s ...
     eps[1].0.active.store(30, Ordering::Relaxed);
     eps[2].0.active.store(30, Ordering::Relaxed);
     assert_eq!(counts(&b, &eps, 10_000, now)[0], 0);
-    // 100 in flight each is not: the slow endpoint takes its share.
+    // ... 100 in flight each is not: the slow endpoint takes its share.
     eps[1].0.active.store(100, Ordering::Relaxed);
     eps[2].0.active.store(100, Ordering::Relaxed);
     assert!(counts(&b, &eps, 10_000, now)[0] > 0);
@@ -297,11 +298,59 @@ fn peak_ewma_shuns_a_slow_endpoint_until_it_answers_fast_again() {
         e.active.store(0, Ordering::Relaxed);
     }
     let later = now + 60_000;
-    eps[0].0.rtt.observe(5_000.0, ms(later));
-    eps[1].0.rtt.observe(10_000.0, ms(later));
-    eps[2].0.rtt.observe(12_000.0, ms(later));
+    eps[0].0.rtt.observe(5_000.0, 0, ms(later));
+    eps[1].0.rtt.observe(10_000.0, 0, ms(later));
+    eps[2].0.rtt.observe(12_000.0, 0, ms(later));
     let c = counts(&b, &eps, 10_000, later);
     assert!(c[0] > 3_000, "recovered: {c:?}");
+}
+
+#[test]
+fn peak_ewma_learns_whether_an_endpoint_queues() {
+    let ms = |t: u64| t * 1000; // µs
+    let now = 10_000;
+    // Two fast endpoints that serve side by side (10 ms whatever is in
+    // flight) and a slow one (1 s).
+    let eps = Fake::many(0, 3);
+    eps[0].0.rtt.observe(1_000_000.0, 0, ms(now));
+    for i in 0..64u32 {
+        for (e, _) in &eps[1..] {
+            e.rtt
+                .observe(10_000.0 + f64::from(i % 3) * 100.0, i % 8, ms(now));
+        }
+    }
+    let fit = eps[1].0.rtt.fit().expect("a fit");
+    assert!(fit.per_request < 100.0, "{fit:?}");
+    // However busy they are, the slow endpoint is never the better choice.
+    eps[1].0.active.store(100, Ordering::Relaxed);
+    eps[2].0.active.store(100, Ordering::Relaxed);
+    let b = Balancer::new(Policy::PeakEwma, 0, eps.clone());
+    let c = counts(&b, &eps, 10_000, now);
+    assert_eq!(c[0], 0, "the slow endpoint was sent requests: {c:?}");
+
+    // An endpoint that queues (each request ahead adds its 10 ms service
+    // time) beside one that answers in 40 ms side by side.
+    let eps = Fake::many(0, 2);
+    for i in 0..64u32 {
+        let k = i % 8;
+        eps[0]
+            .0
+            .rtt
+            .observe(10_000.0 * f64::from(k + 1), k, ms(now));
+        eps[1].0.rtt.observe(40_000.0, k, ms(now));
+    }
+    let fit = eps[0].0.rtt.fit().expect("a fit");
+    assert!(
+        (fit.per_request - 10_000.0).abs() < 1_000.0 && (fit.base - 10_000.0).abs() < 2_000.0,
+        "{fit:?}"
+    );
+    let b = Balancer::new(Policy::PeakEwma, 0, eps.clone());
+    // Idle, its queue is empty: it is the faster one.
+    assert_eq!(counts(&b, &eps, 1_000, now), [1_000, 0]);
+    // With 10 ahead it is priced by its queue.
+    eps[0].0.active.store(10, Ordering::Relaxed);
+    eps[1].0.active.store(10, Ordering::Relaxed);
+    assert_eq!(counts(&b, &eps, 1_000, now), [0, 1_000]);
 }
 
 #[test]

@@ -118,7 +118,7 @@ pub(crate) fn pass_on(
     let now_ms = crate::clock::advance(now);
     let elapsed = now.saturating_duration_since(started).as_micros() as u64;
     if cluster.balancer.policy() == crate::balance::Policy::PeakEwma {
-        ep.observe_rtt(elapsed as f64, now_ms * 1000);
+        ep.observe_rtt(elapsed as f64, held.0.ahead(), now_ms * 1000);
     }
     ep.counters()
         .count_response(resp.status().is_server_error(), elapsed);
