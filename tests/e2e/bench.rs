@@ -414,7 +414,12 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             .collect();
         // With nginx, nginx answering by itself too: the CPU floor.
         let floor = peers.contains(&"nginx");
-        assert_eq!(paths.len(), 3 + peers.len() + floor as usize, "{v:#}");
+        assert_eq!(paths.len(), 4 + peers.len() + floor as usize, "{v:#}");
+        // The ingress gateway straight to the app, beside the sidecar rows.
+        let gateway = paths
+            .iter()
+            .find(|p| p["path"] == "gateway (ingress -> app)")
+            .unwrap_or_else(|| panic!("no gateway row: {v:#}"));
         if floor {
             let last = &paths[paths.len() - 1];
             assert_eq!(last["path"], "nginx answering itself (the floor)", "{v:#}");
@@ -427,7 +432,7 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             assert!((proxy - 2.0 * server).abs() < 1e-12, "{f}");
             // Every proxy path is read against it, the pair against two proxies' floor.
             let ratios = f["ratios"].as_array().expect("ratios");
-            assert_eq!(ratios.len(), 2 + peers.len(), "{f}");
+            assert_eq!(ratios.len(), 3 + peers.len(), "{f}");
             let pair = paths[2]["cpu_s_per_1000"].as_f64().unwrap_or(0.0);
             assert_eq!(ratios[1][0], paths[2]["path"], "{f}");
             assert!(
@@ -444,17 +449,27 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             assert!(v["cpu_floor"].is_null(), "{v:#}");
         }
         let pairs = v["sidecar_against_peers"].as_array().expect("pairs");
+        let gateway_pairs: Vec<String> = peers.iter().map(|p| format!("{p}, gateway")).collect();
         assert_eq!(
             pairs
                 .iter()
                 .map(|p| p["peer"].as_str().unwrap_or(""))
                 .collect::<Vec<_>>(),
-            peers,
+            peers
+                .iter()
+                .copied()
+                .chain(gateway_pairs.iter().map(String::as_str))
+                .collect::<Vec<_>>(),
             "{v:#}"
         );
         for pair in pairs {
-            // One ratio per round, each the sidecar's top rate over the
-            // peer's in that round.
+            // One ratio per round, each the sidecar's (or the gateway's)
+            // top rate over the peer's in that round.
+            let name = pair["peer"].as_str().unwrap_or("?");
+            let (peer_name, ours) = match name.strip_suffix(", gateway") {
+                Some(peer) => (peer, gateway),
+                None => (name, &paths[1]),
+            };
             let ratios = pair["max_rps_ratio"].as_array().expect("ratios");
             assert_eq!(ratios.len(), 2, "{pair}");
             for (round, r) in ratios.iter().enumerate() {
@@ -463,15 +478,10 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
                 };
                 let peer = paths
                     .iter()
-                    .find(|p| {
-                        p["path"]
-                            .as_str()
-                            .unwrap_or("")
-                            .starts_with(pair["peer"].as_str().unwrap_or("?"))
-                    })
+                    .find(|p| p["path"].as_str().unwrap_or("").starts_with(peer_name))
                     .expect("peer path");
                 assert!(
-                    (r.as_f64().unwrap_or(0.0) - rate(&paths[1]) / rate(peer)).abs() < 1e-9,
+                    (r.as_f64().unwrap_or(0.0) - rate(ours) / rate(peer)).abs() < 1e-9,
                     "{pair}"
                 );
             }

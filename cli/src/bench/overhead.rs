@@ -1,7 +1,8 @@
 //! `minimesh bench overhead`: what a proxy costs. A zero-latency backend is
 //! reached directly, through one sidecar (a client pod's sidecar straight to
 //! the app), through a sidecar pair (the client pod's sidecar, then the
-//! server pod's inbound sidecar), and through nginx and HAProxy when
+//! server pod's inbound sidecar), through the ingress gateway (straight to
+//! the app, as nginx in front of it), and through nginx and HAProxy when
 //! installed. For each path:
 //! the latency added at a fixed 1,000 requests a second (p50, p99 over the
 //! direct path), the highest rate it reaches with 64 connections, the
@@ -14,8 +15,8 @@
 //! day's machine more than on the proxy).
 //! The paths take turns over several rounds and each figure is the median of
 //! its rounds: on a shared machine one pass per path lets a burst of someone
-//! else's work decide a ratio. The one-sidecar path is also set against each
-//! peer round by round, so that a claim such as "at least nginx's top rate"
+//! else's work decide a ratio. The one-sidecar path and the gateway are also
+//! set against each peer round by round, so that a claim such as "at least nginx's top rate"
 //! can be read as how many rounds it held in.
 
 use std::fmt::Write as _;
@@ -89,6 +90,8 @@ spec:
   ingress:
     listen: 127.0.12.252:30000
     defaultService: echo
+    # The gateway row: the ingress straight to the echo app, as nginx's row.
+    hosts: {echo-direct: echo-direct}
   services:
   - name: echo
     deployments:
@@ -287,7 +290,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     if !pairs.is_empty() {
         let _ = writeln!(
             s,
-            "\none sidecar against each peer, round by round (measured in the same round; \"{}\": the sidecar pair over mutual TLS against it):",
+            "\none sidecar against each peer, round by round (measured in the same round; \"<peer>, gateway\": the ingress gateway against it; \"{}\": the sidecar pair over mutual TLS against it):",
             paired::NGINX_MTLS_PAIR
         );
     }
@@ -398,6 +401,15 @@ async fn paths(
         pair_pids.collect(),
     );
     specs.extend(mtls.then_some(mtls_pair));
+    // The ingress gateway straight to the app: the row set against nginx
+    // in front of an app (issue 31).
+    if let Some(ingress) = mesh.state.ingress {
+        specs.push((
+            paired::GATEWAY.to_string(),
+            target(ingress, "echo-direct"),
+            mesh.pid("ingress-gateway").into_iter().collect(),
+        ));
+    }
     // Another build's sidecar, beside the client pod's: the same flags, its
     // own address, the same control plane.
     let mut baseline_proc = None;

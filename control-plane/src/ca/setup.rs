@@ -86,6 +86,11 @@ impl CaArgs {
         namespace: &str,
     ) -> anyhow::Result<Option<Ca>> {
         let (domain, ttl) = (&self.trust_domain, self.workload_cert_ttl);
+        if self.workload_tokens.is_some() && !self.enabled() {
+            anyhow::bail!(
+                "--workload-tokens needs a CA (--ca-dir, or --ca-secret on Kubernetes): without one nothing is checked"
+            );
+        }
         if let Some(dir) = &self.ca_dir {
             return Ca::load_or_create(dir, domain, ttl).map(Some);
         }

@@ -36,17 +36,20 @@ pub(super) fn paired(results: &[PathResult]) -> Vec<Paired> {
         p50_diff_ms: per_round(&ours.p50_ms_rounds, &theirs.p50_ms_rounds, |s, p| s - p),
         p99_diff_ms: per_round(&ours.p99_ms_rounds, &theirs.p99_ms_rounds, |s, p| s - p),
     };
-    let mut out: Vec<Paired> = results
+    let peers: Vec<&PathResult> = results
         .iter()
         .filter(|r| r.path.ends_with("(-> app)") && !r.path.starts_with("one sidecar"))
-        .map(|peer| {
-            pair(
-                sidecar,
-                peer,
-                peer.path.trim_end_matches(" (-> app)").to_string(),
-            )
-        })
         .collect();
+    let name = |peer: &PathResult| peer.path.trim_end_matches(" (-> app)").to_string();
+    let mut out: Vec<Paired> = peers.iter().map(|p| pair(sidecar, p, name(p))).collect();
+    // The gateway against the same peers: "<peer>, gateway".
+    if let Some(gateway) = results.iter().find(|r| r.path == GATEWAY) {
+        out.extend(
+            peers
+                .iter()
+                .map(|p| pair(gateway, p, format!("{}, gateway", name(p)))),
+        );
+    }
     // With --mtls: the sidecar pair over mutual TLS against nginx's.
     let find = |name: &str| results.iter().find(|r| r.path == name);
     if let (Some(ours), Some(theirs)) = (find(MTLS_PAIR), find(NGINX_MTLS_PAIR)) {
@@ -55,6 +58,9 @@ pub(super) fn paired(results: &[PathResult]) -> Vec<Paired> {
     out
 }
 
+/// The ingress gateway straight to the app (not a peer: its name does not
+/// end in "(-> app)").
+pub(super) const GATEWAY: &str = "gateway (ingress -> app)";
 /// The sidecar pair over mutual TLS (`--mtls`).
 pub(super) const MTLS_PAIR: &str = "sidecar pair, mutual TLS";
 /// nginx's pair over mutual TLS (`--mtls`, nginx installed).
