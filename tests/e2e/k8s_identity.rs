@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::fake_kube::FakeKube;
 use crate::harness::*;
-use crate::kubernetes::{control_plane, service, slice};
+use crate::kubernetes::{control_plane, service, slice, wait_leader};
 
 const BACKEND_TOKEN: &str = "projected-backend-token";
 const WEB_TOKEN: &str = "projected-web-token";
@@ -55,11 +55,11 @@ async fn sidecar(
     p
 }
 
-/// A certificate request to the control plane at `xds` with `token`: the
-/// SPIFFE ID it names, or the refusal.
-async fn issue(net: &Net, xds: std::net::SocketAddr, token: &str) -> Result<String, tonic::Status> {
+/// A TLS connection to the control plane at `xds`, trusting the mesh's
+/// root (written beside the test's files).
+async fn channel(net: &Net, xds: std::net::SocketAddr) -> tonic::transport::Channel {
     let root = std::fs::read(net.dir.join("root-cert.pem")).expect("root");
-    let channel = tonic::transport::Endpoint::from_shared(format!("https://{xds}"))
+    tonic::transport::Endpoint::from_shared(format!("https://{xds}"))
         .expect("uri")
         .tls_config(
             tonic::transport::ClientTlsConfig::new()
@@ -68,7 +68,13 @@ async fn issue(net: &Net, xds: std::net::SocketAddr, token: &str) -> Result<Stri
         .expect("tls")
         .connect()
         .await
-        .expect("control plane");
+        .expect("control plane")
+}
+
+/// A certificate request to the control plane at `xds` with `token`: the
+/// SPIFFE ID it names, or the refusal.
+async fn issue(net: &Net, xds: std::net::SocketAddr, token: &str) -> Result<String, tonic::Status> {
+    let channel = channel(net, xds).await;
     let key = rcgen::KeyPair::generate().expect("key");
     let csr = rcgen::CertificateParams::default()
         .serialize_request(&key)
@@ -97,17 +103,7 @@ async fn envoy_discovery(
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
     use futures_util::StreamExt;
-    let root = std::fs::read(net.dir.join("root-cert.pem")).expect("root");
-    let channel = tonic::transport::Endpoint::from_shared(format!("https://{xds}"))
-        .expect("uri")
-        .tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(root)),
-        )
-        .expect("tls")
-        .connect()
-        .await
-        .expect("control plane");
+    let channel = channel(net, xds).await;
     let metadata = Struct {
         fields: [(
             "NAMESPACE".to_string(),
@@ -192,19 +188,7 @@ async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_to
     let f0 = flags(254);
     let f0: Vec<&str> = f0.iter().map(String::as_str).collect();
     let cp0 = control_plane(&net, &fake, "cp-0", 254, &f0).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fake
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            "minimesh-system",
-            "minimesh-control-plane",
-        )
-        .is_none_or(|l| l["spec"]["holderIdentity"] != "cp-0")
-    {
-        assert!(tokio::time::Instant::now() < deadline, "cp-0 never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_leader(&fake, "cp-0").await;
     let f1 = flags(253);
     let f1: Vec<&str> = f1.iter().map(String::as_str).collect();
     let cp1 = control_plane(&net, &fake, "cp-1", 253, &f1).await;

@@ -82,6 +82,23 @@ pub async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra
     p
 }
 
+/// Waits until replica `id` holds the control plane's Lease.
+pub async fn wait_leader(fake: &FakeKube, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "minimesh-system",
+            "minimesh-control-plane",
+        )
+        .is_none_or(|l| l["spec"]["holderIdentity"] != id)
+    {
+        assert!(Instant::now() < deadline, "{id} never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until the stored rule's status satisfies `pred`; returns the status.
 async fn wait_status(fake: &FakeKube, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);

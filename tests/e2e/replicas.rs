@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::admission::kubectl;
 use crate::fake_kube::FakeKube;
 use crate::harness::*;
-use crate::kubernetes::{control_plane, service, slice};
+use crate::kubernetes::{control_plane, service, slice, wait_leader};
 
 fn maglev(table_size: u64) -> serde_json::Value {
     json!({
@@ -177,19 +177,7 @@ async fn load_aware_weights_come_from_every_report_and_are_the_same_on_every_rep
     let f0: Vec<&str> = f0.iter().map(String::as_str).collect();
     let _cp0 = control_plane(&net, &fake, "cp-0", 254, &f0).await;
     // cp-0 was first: it leads.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fake
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            "minimesh-system",
-            "minimesh-control-plane",
-        )
-        .is_none_or(|l| l["spec"]["holderIdentity"] != "cp-0")
-    {
-        assert!(tokio::time::Instant::now() < deadline, "cp-0 never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_leader(&fake, "cp-0").await;
     let f1 = flags(253);
     let f1: Vec<&str> = f1.iter().map(String::as_str).collect();
     let cp1 = control_plane(&net, &fake, "cp-1", 253, &f1).await;
