@@ -67,9 +67,10 @@ pub struct ScaleResult {
     /// Endpoint assignments those pushes carried, KiB per sidecar a second
     /// (the resources' encoded size).
     pub eds_kib_per_sidecar_per_s: f64,
-    /// With `--load-aware`: seconds from every sidecar configured to the
-    /// last push of new weights before 3 s without one (the steady state is
-    /// measured after that); null when they had not settled within 60 s.
+    /// With `--load-aware`: seconds from every sidecar configured until
+    /// every cluster's weights had settled, each cluster's at the last
+    /// change before 3 s without one (the steady state is measured after
+    /// that); null when some had not settled within 60 s.
     pub weights_settled_s: Option<f64>,
     /// Some sidecar was pushed endpoints of unequal weights (LOAD_AWARE's,
     /// once its controller moved them).
@@ -137,8 +138,8 @@ fn load_aware_rules(services: usize) -> String {
         .join("---\n")
 }
 
-/// With `--load-aware`: seconds without an endpoint push after which the
-/// weights count as settled, and the longest wait for that.
+/// With `--load-aware`: seconds without a change of a cluster's weights
+/// after which they count as settled, and the longest wait for that.
 const SETTLED_SECS: u64 = 3;
 const SETTLE_LIMIT_SECS: u64 = 60;
 
@@ -245,25 +246,34 @@ async fn one(
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss = rss_kib(pid);
-    // LOAD_AWARE's controller moves the weights from the mean towards
-    // capacity for a few seconds: wait until no endpoint push for
-    // SETTLED_SECS (at most SETTLE_LIMIT_SECS), so that the steady state is
-    // measured without that transient.
+    // LOAD_AWARE's controller moves each cluster's weights from the mean
+    // towards capacity for a few seconds: wait until every cluster has gone
+    // SETTLED_SECS without a change (at most SETTLE_LIMIT_SECS), so that the
+    // steady state is measured without that transient. Clusters settle on
+    // their own: a quiet spell of all of them at once grows rarer with their
+    // number, whatever the controller does.
     let weights_settled_s = if load_aware {
-        let (mut seen, mut last) = (shared.eds_responses.load(Ordering::Relaxed), Instant::now());
+        let connected = t0 + Duration::from_secs_f64(connect_s);
         let limit = Instant::now() + Duration::from_secs(SETTLE_LIMIT_SECS);
+        let mut settled: HashMap<String, Instant> = HashMap::new();
         loop {
-            let now = shared.eds_responses.load(Ordering::Relaxed);
-            if now != seen {
-                (seen, last) = (now, Instant::now());
+            let now = Instant::now();
+            let changed = shared
+                .cluster_changed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            for (cluster, last) in &changed {
+                let quiet = now.duration_since((*last).max(connected));
+                if quiet >= Duration::from_secs(SETTLED_SECS) {
+                    settled.entry(cluster.clone()).or_insert(*last);
+                }
             }
-            if last.elapsed() >= Duration::from_secs(SETTLED_SECS) {
-                break Some(
-                    last.duration_since(t0 + Duration::from_secs_f64(connect_s))
-                        .as_secs_f64(),
-                );
+            if !changed.is_empty() && settled.len() == changed.len() {
+                let last = settled.values().max().copied().unwrap_or(connected);
+                break Some(last.max(connected).duration_since(connected).as_secs_f64());
             }
-            if Instant::now() > limit {
+            if now > limit {
                 break None;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

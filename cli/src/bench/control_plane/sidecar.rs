@@ -20,6 +20,9 @@ pub(super) struct Shared {
     pub(super) eds_bytes: AtomicU64,
     /// Some assignment had endpoints of unequal weights.
     pub(super) weights_moved: std::sync::atomic::AtomicBool,
+    /// When some sidecar last got new weights (or endpoints) for each
+    /// cluster: each cluster's LOAD_AWARE controller settles on its own.
+    pub(super) cluster_changed: std::sync::Mutex<HashMap<String, Instant>>,
     /// Load reports sent, by every sidecar.
     pub(super) reports: AtomicU64,
     /// The report interval the control plane asked for, ms.
@@ -225,6 +228,13 @@ impl Held<'_> {
         for (cluster, eps) in got {
             if eps.windows(2).any(|w| w[0].1 != w[1].1) {
                 shared.weights_moved.store(true, Ordering::Relaxed);
+            }
+            if self.endpoints.get(&cluster) != Some(&eps) {
+                shared
+                    .cluster_changed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(cluster.clone(), now);
             }
             self.endpoints.insert(cluster, eps);
         }
