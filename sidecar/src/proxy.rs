@@ -159,11 +159,14 @@ impl Proxy {
         };
         // Built where it is awaited: a future of some kilobytes held in a
         // local first would be copied once more per request.
+        // An edge without debug headers would strip the endpoint's name
+        // again: it is not added.
+        let named = self.edge.is_none_or(|e| e.debug_headers);
         let mut forwarded = match cluster.timeout {
-            None => forward(&cluster, req, authority, hash, start).await,
+            None => forward(&cluster, req, authority, hash, start, named).await,
             Some(t) => {
-                match tokio::time::timeout(t, forward(&cluster, req, authority, hash, start)).await
-                {
+                let forwarding = forward(&cluster, req, authority, hash, start, named);
+                match tokio::time::timeout(t, forwarding).await {
                     Ok(r) => r,
                     Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
                 }
@@ -177,13 +180,15 @@ impl Proxy {
 }
 
 /// Forwards a request to `cluster`: each attempt picks an endpoint, sends,
-/// and [`retry::decide`]s what follows from what it came to.
+/// and [`retry::decide`]s what follows from what it came to. `named`: the
+/// response names the endpoint that answered ([`ENDPOINT_HEADER`]).
 async fn forward(
     cluster: &ClusterHandle,
     req: Request<Incoming>,
     authority: Option<Authority>,
     hash: Option<u64>,
     start: tokio::time::Instant,
+    named: bool,
 ) -> Response<ResponseBody> {
     let mut req = match Prepared::read(cluster, req, authority, start).await {
         Ok(req) => req,
@@ -256,7 +261,12 @@ async fn forward(
         let sent = match (sent, action) {
             (Sent::Answered(resp), Action::Stop) => {
                 let held = (guard, inflight.take());
-                return pass_on(cluster, &ep, resp, held, started, tries.delivered());
+                let delivery = Delivery {
+                    started,
+                    delivered: tries.delivered(),
+                    named,
+                };
+                return pass_on(cluster, &ep, resp, held, delivery);
             }
             (sent, _) => sent,
         };
@@ -325,6 +335,21 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(names(&h), ["host", "x-keep"]);
+    }
+
+    #[test]
+    fn every_mesh_header_is_stripped_repeated_or_not() {
+        let mut h = headers(&[
+            ("host", "backend"),
+            ("x-minimesh-endpoint", "10.0.0.1:8080"),
+            ("x-minimesh-error", "a"),
+            ("x-minimesh-error", "b"),
+            ("x-minimesh-made-up", "1"),
+            ("x-keep", "1"),
+        ]);
+        strip_mesh_headers(&mut h);
+        assert_eq!(names(&h), ["host", "x-keep"]);
+        assert_eq!(h.len(), 2);
     }
 
     #[test]

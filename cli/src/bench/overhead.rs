@@ -92,6 +92,9 @@ spec:
     defaultService: echo
     # The gateway row: the ingress straight to the echo app, as nginx's row.
     hosts: {echo-direct: echo-direct}
+    # As a gateway the public reaches runs (and as nginx, which adds no
+    # header): no mesh headers on responses.
+    debugHeaders: false
   services:
   - name: echo
     deployments:

@@ -28,7 +28,11 @@ impl Edge {
         if self.debug_headers {
             return resp;
         }
-        let reason = resp.headers().get(ERROR_HEADER).cloned();
+        // Only 5xx reasons are reduced (a 4xx's stays, see public_reason).
+        let reason = match resp.status().is_server_error() {
+            true => resp.headers().get(ERROR_HEADER).cloned(),
+            false => None,
+        };
         strip_mesh_headers(resp.headers_mut());
         let Some(reason) = reason else {
             return resp;

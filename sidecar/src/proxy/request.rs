@@ -145,15 +145,11 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-/// Removes every mesh header (`x-minimesh-*`) from `headers`, allocating
-/// only when there is one.
+/// Removes every mesh header (`x-minimesh-*`) from `headers`, without
+/// allocating (there are few, if any).
 pub(crate) fn strip_mesh_headers(headers: &mut HeaderMap) {
-    let is_mesh = |name: &HeaderName| name.as_str().starts_with(headers::PREFIX);
-    if !headers.keys().any(is_mesh) {
-        return;
-    }
-    let names: Vec<HeaderName> = headers.keys().filter(|n| is_mesh(n)).cloned().collect();
-    for name in names {
+    let is_mesh = |name: &&HeaderName| name.as_str().starts_with(headers::PREFIX);
+    while let Some(name) = headers.keys().find(is_mesh).cloned() {
         headers.remove(name);
     }
 }

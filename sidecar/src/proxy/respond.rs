@@ -89,18 +89,32 @@ impl Body for Tracked {
     }
 }
 
+/// How the answering attempt went, for [`pass_on`].
+pub(crate) struct Delivery {
+    /// When the attempt started.
+    pub(crate) started: tokio::time::Instant,
+    /// An earlier attempt may have been processed.
+    pub(crate) delivered: bool,
+    /// Name the endpoint in the response ([`ENDPOINT_HEADER`]).
+    pub(crate) named: bool,
+}
+
 /// Passes an endpoint's response on to the caller: counts it towards the
 /// endpoint (reachable, latency, outcome, outlier detection), drops the
-/// hop-by-hop headers, names the endpoint, and holds the endpoint's and the
-/// cluster's in-flight counts until the body ends.
+/// hop-by-hop headers, names the endpoint (unless told not to), and holds
+/// the endpoint's and the cluster's in-flight counts until the body ends.
 pub(crate) fn pass_on(
     cluster: &ClusterHandle,
     ep: &EndpointState,
     mut resp: Response<Upstream>,
     held: (ActiveGuard, Option<InflightGuard>),
-    started: tokio::time::Instant,
-    delivered: bool,
+    at: Delivery,
 ) -> Response<ResponseBody> {
+    let Delivery {
+        started,
+        delivered,
+        named,
+    } = at;
     if matches!(resp.status().as_u16(), 502 | 503) && resp.headers().contains_key(ERROR_HEADER) {
         // The endpoint's own sidecar answered that its app is gone, on the
         // last attempt: skip it as a retry would have, rather than mark it
@@ -125,9 +139,11 @@ pub(crate) fn pass_on(
     outlier_outcome(cluster, ep, Outcome::Status(resp.status()));
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    parts
-        .headers
-        .insert(HeaderName::from_static(ENDPOINT_HEADER), ep.header.clone());
+    if named {
+        parts
+            .headers
+            .insert(HeaderName::from_static(ENDPOINT_HEADER), ep.header.clone());
+    }
     let (guard, inflight) = held;
     Response::from_parts(
         parts,
