@@ -111,13 +111,41 @@ impl ClusterHandle {
     }
 }
 
+/// Authorities to cluster indexes, hashed with FNV-1a rather than SipHash:
+/// a lookup per request hashes a short host name in a fraction of the
+/// instructions. Its keys come from config, never from requests (a request's
+/// host is only looked up), so an unkeyed hash gives callers no way to
+/// crowd a bucket.
+type HostMap = HashMap<String, u32, std::hash::BuildHasherDefault<HostHasher>>;
+
+/// FNV-1a, 64 bits.
+pub struct HostHasher(u64);
+
+impl Default for HostHasher {
+    fn default() -> HostHasher {
+        HostHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for HostHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Immutable routing table.
 #[derive(Default)]
 pub struct Routing {
     /// Lower-case authority (`svc`, `svc.ns`, … with or without `:port`) ->
     /// index in `handles`. Shared by the tables built while the routes and
     /// the set of clusters stay the same (an endpoint change does not touch it).
-    hosts: Arc<HashMap<String, u32>>,
+    hosts: Arc<HostMap>,
     /// Clusters in name order, as `hosts` indexes them.
     handles: Vec<Arc<ClusterHandle>>,
     /// Clusters by name.
@@ -184,7 +212,7 @@ pub struct Resources {
     /// The last build's clusters, with their endpoints' states.
     built: BTreeMap<String, Built>,
     /// The last build's host map and fallback (indexes in name order).
-    built_hosts: Arc<HashMap<String, u32>>,
+    built_hosts: Arc<HostMap>,
     built_fallback: Option<u32>,
     inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
     retries_inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
@@ -540,13 +568,13 @@ fn host_map(
     clusters: &BTreeMap<String, Arc<ClusterHandle>>,
     node: &Node,
     aliases: &HostAliases,
-) -> (HashMap<String, u32>, Option<u32>) {
+) -> (HostMap, Option<u32>) {
     let index: HashMap<&str, u32> = clusters
         .keys()
         .enumerate()
         .map(|(i, name)| (name.as_str(), i as u32))
         .collect();
-    let mut hosts = HashMap::new();
+    let mut hosts = HostMap::default();
     let mut default_of = HashMap::new();
     for r in routes.values() {
         let mut names = vec![

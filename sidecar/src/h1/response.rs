@@ -6,6 +6,10 @@
 
 use super::*;
 
+/// Header fields whose places in a head are noted on the stack; a head
+/// with more notes them in a vector.
+const FEW_HEADERS: usize = 24;
+
 /// Reads and parses the response head (skipping interim 1xx responses).
 pub(super) async fn read_head<R: AsyncRead + Unpin>(
     io: &mut R,
@@ -47,9 +51,12 @@ pub(super) fn parse_head(
     is_head: bool,
 ) -> Result<Option<(Response<()>, Decoder)>, Error> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(buf) {
+        // Uninitialised: httparse writes the fields it finds, and a head has
+        // a handful, not MAX_HEADERS (4 KiB of stack to clear per response).
+        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut fields) {
             // However the head arrived (one read or many), the limit holds.
             Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
                 return Err(invalid(format!(
@@ -83,8 +90,14 @@ pub(super) fn parse_head(
         // Where each field's name and value lie in the head, so that the
         // values can share its buffer once it is frozen.
         let base = buf.as_ptr() as usize;
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
         let n = parsed.headers.len();
+        let (mut few, mut many) = ([(0u32, 0u32, 0u32, 0u32); FEW_HEADERS], Vec::new());
+        let spans = if n <= FEW_HEADERS {
+            &mut few[..n]
+        } else {
+            many.resize(n, (0, 0, 0, 0));
+            &mut many[..]
+        };
         for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
             let name = h.name.as_ptr() as usize - base;
             let value = h.value.as_ptr() as usize - base;
@@ -102,7 +115,7 @@ pub(super) fn parse_head(
         let mut transfer_encoding = false;
         let mut chunked = false;
         let mut close = version == Version::HTTP_10;
-        for &(ns, ne, vs, ve) in &spans[..n] {
+        for &(ns, ne, vs, ve) in spans.iter() {
             let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
                 .map_err(|_| invalid("bad header name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
