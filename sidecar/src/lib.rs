@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod balance;
 pub mod clock;
+pub mod coarse_timer;
 pub mod endpoint;
 #[cfg(not(feature = "hyper-h1"))]
 pub mod h1;

@@ -81,6 +81,18 @@ impl Drop for Open {
     }
 }
 
+/// What a loop's connections share: the drain, the shutdown signal, the
+/// loops and which one this is, and whether hyper's timer is the loop's
+/// coarse one ([`crate::coarse_timer`]).
+#[derive(Clone, Copy)]
+struct Serving<'a> {
+    graceful: &'a hyper_util::server::graceful::GracefulShutdown,
+    shutdown: &'a watch::Receiver<bool>,
+    loops: &'a Arc<Loops>,
+    me: usize,
+    coarse: bool,
+}
+
 /// How long an inbound connection may take to send its first byte and
 /// finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,15 +100,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Serves one client connection on this loop, counted against it until it
 /// ends, and drained with the others at shutdown. The inbound listener
 /// first sorts it by the mutual TLS mode ([`crate::tls::accept_inbound`]).
-fn serve_connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    proxy: &Arc<Proxy>,
-    graceful: &hyper_util::server::graceful::GracefulShutdown,
-    shutdown: &watch::Receiver<bool>,
-    loops: &Arc<Loops>,
-    me: usize,
-) {
+fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on: &Serving<'_>) {
+    let Serving {
+        graceful,
+        shutdown,
+        loops,
+        me,
+        coarse,
+    } = *on;
     loops.open[me].fetch_add(1, Ordering::Relaxed);
     let open = Open(loops.clone(), me);
     let _ = stream.set_nodelay(true);
@@ -121,10 +132,15 @@ fn serve_connection(
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         // hyper's header read timeout runs from when a connection starts waiting
         // for a request head: it closes idle keep-alive connections and clients
-        // that send headers too slowly alike.
+        // that send headers too slowly alike. On an event loop (a
+        // single-threaded runtime) its timer is the loop's coarse one.
+        if coarse {
+            builder.http1().timer(crate::coarse_timer::CoarseTimer);
+        } else {
+            builder.http1().timer(hyper_util::rt::TokioTimer::new());
+        }
         builder
             .http1()
-            .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(idle)
             // hyper answers a head that fills its read buffer, or has more
             // fields, with 431 and closes (its buffer is at least 8 KiB).
@@ -208,6 +224,11 @@ pub async fn serve(
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let local_addr: Option<SocketAddr> = listener.local_addr().ok();
+    let coarse = tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::CurrentThread;
+    if coarse {
+        crate::coarse_timer::ensure_waking();
+    }
     let (tx, mut handed) = mpsc::unbounded_channel::<Handoff>();
     *loops.handoff[me].lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     info!(listener = name, addr = ?local_addr, "listening");
@@ -237,7 +258,14 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        serve_connection(stream, peer, &proxy, &graceful, &shutdown, &loops, me);
+        let on = Serving {
+            graceful: &graceful,
+            shutdown: &shutdown,
+            loops: &loops,
+            me,
+            coarse,
+        };
+        serve_connection(stream, peer, &proxy, &on);
     }
     loops.handoff[me]
         .lock()
@@ -250,7 +278,14 @@ pub async fn serve(
     while let Ok((std, peer)) = handed.try_recv() {
         loops.open[me].fetch_sub(1, Ordering::Relaxed);
         if let Ok(stream) = TcpStream::from_std(std) {
-            serve_connection(stream, peer, &proxy, &graceful, &shutdown, &loops, me);
+            let on = Serving {
+                graceful: &graceful,
+                shutdown: &shutdown,
+                loops: &loops,
+                me,
+                coarse,
+            };
+            serve_connection(stream, peer, &proxy, &on);
         }
     }
     if tokio::time::timeout(drain, graceful.shutdown())
