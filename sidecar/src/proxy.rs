@@ -157,16 +157,17 @@ impl Proxy {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
-        // Built where it is awaited: a future of some kilobytes held in a
-        // local first would be copied once more per request.
         // An edge without debug headers would strip the endpoint's name
         // again: it is not added.
         let named = self.edge.is_none_or(|e| e.debug_headers);
+        // Built where it is awaited: a future of some kilobytes held in a
+        // local first would be copied once more per request.
         let mut forwarded = match cluster.timeout {
             None => forward(&cluster, req, authority, hash, start, named).await,
             Some(t) => {
-                let forwarding = forward(&cluster, req, authority, hash, start, named);
-                match tokio::time::timeout(t, forwarding).await {
+                match tokio::time::timeout(t, forward(&cluster, req, authority, hash, start, named))
+                    .await
+                {
                     Ok(r) => r,
                     Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
                 }
