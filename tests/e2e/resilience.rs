@@ -718,3 +718,74 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
     assert_eq!(retries(&v) - before, 5, "five 503s eject it");
     assert!(ejected(&v, net.addr(3, 9090)), "{v:#}");
 }
+
+/// SIGTERM, as Kubernetes stops a pod: the requests the sidecar holds are
+/// answered (within `--drain`), a client connection that sent nothing is
+/// closed, the listener stops taking connections, and the sidecar exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_told_to_stop_answers_what_it_holds_then_exits() {
+    use tokio::io::AsyncReadExt;
+    let net = Net::new(129);
+    let _b = net.backend(1, &[("TIMING_50_PERCENTILE", "1500ms")]).await;
+    net.service("backend", &[1]);
+    let _cp = net.control_plane().await;
+    let mut s = net
+        .sidecar(100, &["--worker-threads", "2", "--drain", "10s"])
+        .await;
+    let proxy = net.addr(100, 15001);
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(15), |v| {
+        endpoints_of(v, "backend").len() == 1
+    })
+    .await;
+    let mut idle = tokio::net::TcpStream::connect(proxy)
+        .await
+        .expect("connect");
+    // Four requests in flight, each on a connection of its own.
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = Conn::open(proxy).await?;
+                c.get("backend", "/").await
+            })
+        })
+        .collect();
+    let metrics = net.addr(100, 15000);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, _, text) = get(metrics, "admin", "/metrics").await.unwrap_or_default();
+        let active: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("minimesh_endpoint_active_requests{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if active == 4 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "4 requests in flight: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.signal("TERM");
+    for h in held {
+        let (status, _, body) = h.await.expect("task").expect("answered");
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf))
+        .await
+        .expect("the idle connection is closed");
+    assert_eq!(read.map_err(|e| e.kind()), Ok(0));
+    let status = s.exited(Duration::from_secs(15)).await;
+    assert!(status.success(), "{status}; log:\n{}", s.log_text());
+    assert!(
+        tokio::net::TcpStream::connect(proxy).await.is_err(),
+        "nothing listens once the sidecar has stopped"
+    );
+    assert!(
+        s.log_text().contains("draining requests in flight"),
+        "{}",
+        s.log_text()
+    );
+}
