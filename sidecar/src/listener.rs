@@ -15,6 +15,9 @@ use tracing::{debug, info, warn};
 
 use crate::proxy::Proxy;
 
+mod drain;
+use drain::{Drain, Drained};
+
 /// The event loops that share a listener address, and how many connections
 /// each serves. The kernel spreads new connections over their SO_REUSEPORT
 /// sockets by a hash of the addresses, blind to load: 64 keep-alive
@@ -86,7 +89,7 @@ impl Drop for Open {
 /// coarse one ([`crate::coarse_timer`]).
 #[derive(Clone, Copy)]
 struct Serving<'a> {
-    graceful: &'a hyper_util::server::graceful::GracefulShutdown,
+    drain: &'a Arc<Drain>,
     shutdown: &'a watch::Receiver<bool>,
     loops: &'a Arc<Loops>,
     me: usize,
@@ -102,7 +105,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// first sorts it by the mutual TLS mode ([`crate::tls::accept_inbound`]).
 fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on: &Serving<'_>) {
     let Serving {
-        graceful,
+        drain,
         shutdown,
         loops,
         me,
@@ -114,7 +117,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
     let idle = proxy.client_idle_timeout;
     let limits = proxy.head_limits;
     let inbound = proxy.inbound;
-    let watcher = graceful.watcher();
+    let counted = drain.count();
     let mut shutdown = shutdown.clone();
     let proxy = proxy.clone();
     tokio::spawn(async move {
@@ -151,16 +154,16 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
             .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
         let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
         if !plaintext_inbound {
-            if let Err(e) = watcher.watch(conn).await {
+            if let Err(e) = Drained::new(conn, counted).await {
                 debug!(%peer, error = %e, "connection ended");
             }
             return;
         }
         // A plaintext inbound connection (PERMISSIVE) ends, gracefully
         // (requests in flight answered, then the close or GOAWAY), when
-        // the mode becomes STRICT, as at shutdown; counted by `watcher`
-        // for the drain until then.
-        let _counted = watcher;
+        // the mode becomes STRICT, as at shutdown; counted for the drain
+        // until then.
+        let _counted = counted;
         tokio::pin!(conn);
         let mut closing = false;
         loop {
@@ -222,7 +225,7 @@ pub async fn serve(
     loops: Arc<Loops>,
     me: usize,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(Drain::default());
     let local_addr: Option<SocketAddr> = listener.local_addr().ok();
     let coarse = tokio::runtime::Handle::current().runtime_flavor()
         == tokio::runtime::RuntimeFlavor::CurrentThread;
@@ -259,7 +262,7 @@ pub async fn serve(
             _ = shutdown.changed() => break,
         };
         let on = Serving {
-            graceful: &graceful,
+            drain: &connections,
             shutdown: &shutdown,
             loops: &loops,
             me,
@@ -279,7 +282,7 @@ pub async fn serve(
         loops.open[me].fetch_sub(1, Ordering::Relaxed);
         if let Ok(stream) = TcpStream::from_std(std) {
             let on = Serving {
-                graceful: &graceful,
+                drain: &connections,
                 shutdown: &shutdown,
                 loops: &loops,
                 me,
@@ -288,10 +291,7 @@ pub async fn serve(
             serve_connection(stream, peer, &proxy, &on);
         }
     }
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    if !connections.run(drain).await {
         warn!(
             listener = name,
             "requests still in flight after the drain time; closing"
