@@ -40,7 +40,7 @@ fn ns_per_pick(b: &Balancer) -> f64 {
                 Some(black_box(
                     0x9e37_79b9_7f4a_7c15u64.wrapping_mul(u64::from(i)),
                 )),
-                None,
+                &[],
                 black_box(now_ms),
             ));
         }

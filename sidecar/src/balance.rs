@@ -160,17 +160,17 @@ impl<E: Endpoint> Zones<E> {
     /// marked failing and the share not yet recomputed, and retries that
     /// stayed in it could all land on dead endpoints.
     #[inline]
-    fn pick(&self, hash: Option<u64>, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
-        let local = match avoid {
-            Some(a) if self.local.endpoints.iter().any(|e| Arc::ptr_eq(e, a)) => false,
-            _ => {
-                let share = self.share(now_ms);
-                share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share)
-            }
+    fn pick(&self, hash: Option<u64>, avoid: &[Arc<E>], now_ms: u64) -> Option<&Arc<E>> {
+        let retried_here = avoid
+            .iter()
+            .any(|a| self.local.endpoints.iter().any(|e| Arc::ptr_eq(e, a)));
+        let local = !retried_here && {
+            let share = self.share(now_ms);
+            share >= SHARE_SCALE || (share > 0 && (rng::next() as u32 % SHARE_SCALE) < share)
         };
         let side = if local { &self.local } else { &self.remote };
         side.pick(hash, avoid, now_ms)
-            .filter(|e| !e.is_failing(now_ms) && !avoid.is_some_and(|a| Arc::ptr_eq(a, e)))
+            .filter(|e| !e.is_failing(now_ms) && !avoided(avoid, e))
     }
 }
 
@@ -343,13 +343,14 @@ impl<E: Endpoint> Balancer<E> {
     }
 
     /// Picks an endpoint, skipping ones that are backing off after a connect
-    /// failure and `avoid` (the endpoint a retry just failed on) when any
-    /// other can serve. None only when there are no endpoints. `hash` is the
+    /// failure and those in `avoid` (the endpoints a retry's request already
+    /// failed on, as Envoy's `previous_hosts` retry predicate) when any other
+    /// can serve. None only when there are no endpoints. `hash` is the
     /// request's key for the hash policies; without one they pick at random
     /// (the request is served, just not sticky). `now_ms` is the sidecar
     /// clock's milliseconds (its coarse `now_ms` on the request path).
     #[inline]
-    pub fn pick(&self, hash: Option<u64>, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
+    pub fn pick(&self, hash: Option<u64>, avoid: &[Arc<E>], now_ms: u64) -> Option<&Arc<E>> {
         if let Some(z) = &self.zones {
             if let Some(e) = z.pick(hash, avoid, now_ms) {
                 return Some(e);
@@ -359,8 +360,7 @@ impl<E: Endpoint> Balancer<E> {
         if n == 0 {
             return None;
         }
-        let usable =
-            |e: &Arc<E>| !e.is_failing(now_ms) && !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
+        let usable = |e: &Arc<E>| !e.is_failing(now_ms) && !avoided(avoid, e);
         let mut first = None;
         for step in 0..3 {
             let i = self.pick_index(hash, step, now_ms);
@@ -387,10 +387,10 @@ impl<E: Endpoint> Balancer<E> {
     }
 
     #[cold]
-    fn pick_slow(&self, fallback: usize, avoid: Option<&Arc<E>>, now_ms: u64) -> Option<&Arc<E>> {
+    fn pick_slow(&self, fallback: usize, avoid: &[Arc<E>], now_ms: u64) -> Option<&Arc<E>> {
         let n = self.endpoints.len();
         let start = rng::below(n);
-        let not_avoided = |e: &&Arc<E>| !avoid.is_some_and(|a| Arc::ptr_eq(a, e));
+        let not_avoided = |e: &&Arc<E>| !avoided(avoid, e);
         let rotated = || (0..n).map(|k| &self.endpoints[(start + k) % n]);
         rotated()
             .filter(not_avoided)
@@ -404,6 +404,13 @@ impl<E: Endpoint> Balancer<E> {
             })
             .or(Some(&self.endpoints[fallback]))
     }
+}
+
+/// True when `e` is one of `avoid` (by identity: the same endpoint of this
+/// balancer, not an equal address of another).
+#[inline]
+fn avoided<E>(avoid: &[Arc<E>], e: &Arc<E>) -> bool {
+    avoid.iter().any(|a| Arc::ptr_eq(a, e))
 }
 
 #[cfg(test)]

@@ -214,12 +214,12 @@ async fn forward(
                 return refused;
             }
         }
-        let Some(ep) = pick(cluster, hash, tries.last.as_ref()) else {
+        let Some(ep) = pick(cluster, hash, tries.tried()) else {
             let reason = format!("no healthy endpoints in cluster {}", cluster.name);
             return tries.fail(StatusCode::SERVICE_UNAVAILABLE, &reason);
         };
-        if attempt > 0 && tries.is_last(&ep) {
-            // No other endpoint to go to: back off before the same one.
+        if attempt > 0 && tries.has_tried(&ep) {
+            // No other endpoint to go to: back off before one already tried.
             let backoff = RETRY_BACKOFF * (1 << (attempt - 1).min(4));
             Box::pin(tokio::time::sleep(backoff)).await;
         }
@@ -280,14 +280,14 @@ async fn forward(
     tries.exhausted(req.attempts)
 }
 
-/// Picks an endpoint of `cluster` other than `avoid` where it can. One
+/// Picks an endpoint of `cluster` other than those in `avoid` where it can. One
 /// pick in [`PICK_SAMPLE`] is timed: two clock reads cost more than most
 /// picks, and the histogram's shape needs no more.
 #[inline]
 fn pick(
     cluster: &ClusterHandle,
     hash: Option<u64>,
-    avoid: Option<&Arc<EndpointState>>,
+    avoid: &[Arc<EndpointState>],
 ) -> Option<Arc<EndpointState>> {
     let timed = PICK_COUNT.with(|c| {
         let n = c.get().wrapping_add(1);

@@ -679,7 +679,7 @@ mod tests {
     fn shares(r: &Routing, service: &str) -> Vec<usize> {
         let b = &r.lookup(service).expect("routed").balancer;
         let picks: Vec<_> = (0..40)
-            .filter_map(|_| b.pick(None, None, crate::clock::now_ms()))
+            .filter_map(|_| b.pick(None, &[], crate::clock::now_ms()))
             .collect();
         b.endpoints()
             .iter()
@@ -700,7 +700,7 @@ mod tests {
         let a = first.lookup("a").unwrap().clone();
         let next = a
             .balancer
-            .pick(None, None, crate::clock::now_ms())
+            .pick(None, &[], crate::clock::now_ms())
             .map(|e| e.addr);
 
         // b's weights change: b alone is built again; the host map is shared.
@@ -723,7 +723,7 @@ mod tests {
                 .lookup("a")
                 .unwrap()
                 .balancer
-                .pick(None, None, crate::clock::now_ms())
+                .pick(None, &[], crate::clock::now_ms())
                 .map(|e| e.addr),
             next,
             "the reused round robin went on from where it was"

@@ -58,7 +58,7 @@ fn owners(b: &Balancer, keys: u64) -> Vec<SocketAddr> {
         .map(|k| {
             b.pick(
                 Some(xxhash::xxh64(format!("user-{k}").as_bytes(), 0)),
-                None,
+                &[],
                 1,
             )
             .map(|e| e.addr())
@@ -116,7 +116,7 @@ fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
     assert_eq!(b.local_endpoints().map(<[_]>::len), Some(2));
     // The time each pick is given: share recomputations are driven by it.
     let now = std::cell::Cell::new(1u64);
-    let count = |b: &Balancer, avoid: Option<&Arc<Fake>>| {
+    let count = |b: &Balancer, avoid: &[Arc<Fake>]| {
         let mut n: HashMap<SocketAddr, u32> = HashMap::new();
         for _ in 0..10_000 {
             *n.entry(b.pick(None, avoid, now.get()).expect("endpoint").addr())
@@ -127,17 +127,17 @@ fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
     };
     let settle = || now.set(now.get() + SHARE_REFRESH_MS);
     // All healthy: the zone takes everything, round robin within it.
-    assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
+    assert_eq!(count(&b, &[]), [5000, 5000, 0, 0]);
     // A retry after a failure in the zone leaves it; one after a failure
     // elsewhere follows the share.
-    assert_eq!(count(&b, Some(&all[0].0)), [0, 0, 5000, 5000]);
-    assert_eq!(count(&b, Some(&all[2].0)), [5000, 5000, 0, 0]);
+    assert_eq!(count(&b, &[all[0].0.clone()]), [0, 0, 5000, 5000]);
+    assert_eq!(count(&b, &[all[2].0.clone()]), [5000, 5000, 0, 0]);
     // Half the zone ejected: it keeps 1.4 x 0.5 = 70%, the rest spills.
     let far = 1_000_000_000;
     let eject_until = |e: &Fake, ms| e.down_until_ms.store(ms, Ordering::Relaxed);
     eject_until(&all[0].0, far);
     settle();
-    let [a, l, r1, r2] = count(&b, None);
+    let [a, l, r1, r2] = count(&b, &[]);
     assert_eq!(a, 0, "an ejected endpoint takes nothing");
     assert!(
         (6700..=7300).contains(&l),
@@ -151,12 +151,12 @@ fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
     // The whole zone ejected: everything goes to the other zone.
     eject_until(&all[1].0, far);
     settle();
-    assert_eq!(count(&b, None), [0, 0, 5000, 5000]);
+    assert_eq!(count(&b, &[]), [0, 0, 5000, 5000]);
     // Recovered: back home.
     eject_until(&all[0].0, 0);
     eject_until(&all[1].0, 0);
     settle();
-    assert_eq!(count(&b, None), [5000, 5000, 0, 0]);
+    assert_eq!(count(&b, &[]), [5000, 5000, 0, 0]);
     // No endpoint in the caller's zone, or all of them: no split.
     let none = Balancer::zoned(Policy::RoundRobin, 0, all.clone(), &[false; 4], None);
     assert!(none.local_endpoints().is_none());
@@ -164,7 +164,7 @@ fn zone_failover_keeps_requests_in_the_zone_and_spills_as_it_fails() {
     assert!(hash.needs_hash());
     let owners: std::collections::HashSet<_> = (0..1000u64)
         .map(|k| {
-            hash.pick(Some(xxhash::xxh64(&k.to_le_bytes(), 0)), None, now.get())
+            hash.pick(Some(xxhash::xxh64(&k.to_le_bytes(), 0)), &[], now.get())
                 .expect("endpoint")
                 .addr()
         })
@@ -192,7 +192,7 @@ fn counts(b: &Balancer, eps: &[(Arc<Fake>, u32)], n: u64, now: u64) -> Vec<u64> 
     let mut out = vec![0; eps.len()];
     for k in 0..n {
         let key = b.needs_hash().then(|| xxhash::xxh64(&k.to_le_bytes(), 7));
-        let e = b.pick(key, None, now).expect("endpoint");
+        let e = b.pick(key, &[], now).expect("endpoint");
         let i = eps.iter().position(|(x, _)| Arc::ptr_eq(x, e));
         out[i.expect("one of the cluster's")] += 1;
     }
@@ -237,12 +237,20 @@ fn every_policy_follows_weights_and_skips_what_it_must() {
         let c = counts(&b, &eps, 3_000, now);
         assert_eq!(c[0], 0, "{policy:?}: {c:?}");
         assert!(counts(&b, &eps, 3_000, now + 1)[0] > 0, "{policy:?}");
-        // A retry avoids the endpoint it failed on.
-        let avoid = &eps[1].0;
-        for _ in 0..1_000 {
-            let e = b.pick(Some(7), Some(avoid), now).expect("endpoint");
-            assert!(!Arc::ptr_eq(e, avoid), "{policy:?}");
+        // A retry avoids the endpoint it failed on, and a third attempt
+        // both endpoints tried before it.
+        for avoid in [
+            vec![eps[1].0.clone()],
+            vec![eps[1].0.clone(), eps[0].0.clone()],
+        ] {
+            for _ in 0..1_000 {
+                let e = b.pick(Some(7), &avoid, now).expect("endpoint");
+                assert!(!avoid.iter().any(|a| Arc::ptr_eq(e, a)), "{policy:?}");
+            }
         }
+        // Every endpoint tried: one of them again rather than none.
+        let all: Vec<_> = eps.iter().map(|(e, _)| e.clone()).collect();
+        assert!(b.pick(Some(7), &all, now).is_some(), "{policy:?}");
         // Every endpoint skipped: the one whose backoff ends first is
         // tried rather than none.
         for (i, (e, _)) in eps.iter().enumerate() {
@@ -250,11 +258,11 @@ fn every_policy_follows_weights_and_skips_what_it_must() {
                 .store(now + 100 - i as u64, Ordering::Relaxed);
         }
         let e = b
-            .pick(Some(7), None, now)
+            .pick(Some(7), &[], now)
             .expect("an endpoint in panic mode");
         assert!(Arc::ptr_eq(e, &eps[2].0), "{policy:?}");
         let none = Balancer::new(policy, 0, Vec::new());
-        assert!(none.pick(Some(7), None, now).is_none(), "{policy:?}");
+        assert!(none.pick(Some(7), &[], now).is_none(), "{policy:?}");
     }
 }
 

@@ -1,5 +1,5 @@
-//! A request over its attempts: what the attempts so far came to (the last
-//! endpoint, the last error, whether one may have reached an app), what each
+//! A request over its attempts: what the attempts so far came to (the
+//! endpoints tried, the last error, whether one may have reached an app), what each
 //! counts towards its endpoint (backoff, outlier detection, counters), and
 //! the answer when the request stops without a response to pass on.
 
@@ -42,8 +42,11 @@ impl Sent {
 /// The attempts of one request so far.
 #[derive(Default)]
 pub(crate) struct Tries {
-    /// The endpoint the last attempt failed on (the next pick avoids it).
-    pub(crate) last: Option<Arc<EndpointState>>,
+    /// The endpoints the attempts so far failed on, in order (the next pick
+    /// avoids them while another can serve, as Istio's default retry policy
+    /// does with Envoy's `previous_hosts` predicate). Empty, and not
+    /// allocated, until an attempt fails.
+    tried: Vec<Arc<EndpointState>>,
     /// Why the last attempt failed.
     last_error: String,
     /// An attempt may have reached an app. Until one has, a failure is
@@ -86,10 +89,15 @@ impl Tries {
         None
     }
 
-    /// True when `ep` is the endpoint the last attempt failed on (then the
+    /// The endpoints the attempts so far failed on.
+    pub(crate) fn tried(&self) -> &[Arc<EndpointState>] {
+        &self.tried
+    }
+
+    /// True when an attempt of this request already failed on `ep` (then the
     /// retry backs off first: no other endpoint could take it).
-    pub(crate) fn is_last(&self, ep: &Arc<EndpointState>) -> bool {
-        self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, ep))
+    pub(crate) fn has_tried(&self, ep: &Arc<EndpointState>) -> bool {
+        self.tried.iter().any(|t| Arc::ptr_eq(t, ep))
     }
 
     /// An answer of minimesh's own, marked unprocessed while no attempt may
@@ -171,7 +179,7 @@ impl Tries {
                 format!("{addr} failed: {}", source_chain(e))
             }
         };
-        self.last = Some(ep);
+        self.tried.push(ep);
     }
 
     /// The answer when the request stops after `outcome` (or ran out of
@@ -187,8 +195,8 @@ impl Tries {
             (Attempted::TimedOut, _) => self.fail(StatusCode::GATEWAY_TIMEOUT, &self.last_error),
             (Attempted::RefusedStream | Attempted::Reset, Sent::Failed(e)) => {
                 let addr = self
-                    .last
-                    .as_ref()
+                    .tried
+                    .last()
                     .map_or(String::new(), |ep| ep.addr.to_string());
                 let reason = format!("upstream {addr} failed: {}", source_chain(e));
                 self.fail(StatusCode::BAD_GATEWAY, &reason)
