@@ -148,7 +148,9 @@ pub struct Args {
     /// How long a client connection may go without sending a complete
     /// request head before it is closed: an idle keep-alive connection, or
     /// a client sending its headers too slowly (HTTP/1.1; `0s`: never;
-    /// closed within a quarter of a second after). The default, 75s, is nginx's keepalive_timeout. A client whose pool
+    /// closed within a quarter of a second after; on a new connection, the
+    /// wait for its first byte and the wait for the rest of its first head
+    /// are each bounded by it). The default, 75s, is nginx's keepalive_timeout. A client whose pool
     /// keeps idle connections longer (Go and hyper: 90s) sees them closed
     /// and opens new ones.
     #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]

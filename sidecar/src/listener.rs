@@ -16,7 +16,9 @@ use tracing::{debug, info, warn};
 use crate::proxy::Proxy;
 
 mod drain;
-use drain::{Drain, Drained};
+mod sniff;
+use drain::{Drain, Drained, Graceful};
+use sniff::Speaks;
 
 /// The event loops that share a listener address, and how many connections
 /// each serves. The kernel spreads new connections over their SO_REUSEPORT
@@ -87,11 +89,10 @@ impl Drop for Open {
 /// What a loop's connections share: the drain, the shutdown signal, the
 /// loops and which one this is, and whether hyper's timer is the loop's
 /// coarse one ([`crate::coarse_timer`]).
-#[derive(Clone, Copy)]
-struct Serving<'a> {
-    drain: &'a Arc<Drain>,
-    shutdown: &'a watch::Receiver<bool>,
-    loops: &'a Arc<Loops>,
+struct Serving {
+    drain: Arc<Drain>,
+    shutdown: watch::Receiver<bool>,
+    loops: Arc<Loops>,
     me: usize,
     coarse: bool,
 }
@@ -103,19 +104,22 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Serves one client connection on this loop, counted against it until it
 /// ends, and drained with the others at shutdown. The inbound listener
 /// first sorts it by the mutual TLS mode ([`crate::tls::accept_inbound`]).
-fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on: &Serving<'_>) {
+/// A plaintext connection whose first bytes are not HTTP/2's preface
+/// ([`sniff`]) is served by hyper's HTTP/1.1 server directly; HTTP/2, TLS,
+/// and a client whose first bytes do not tell yet, by hyper-util's `auto`
+/// server (which reads the version itself).
+fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on: &Serving) {
     let Serving {
         drain,
         shutdown,
         loops,
         me,
         coarse,
-    } = *on;
+    } = on;
+    let (me, coarse) = (*me, *coarse);
     loops.open[me].fetch_add(1, Ordering::Relaxed);
     let open = Open(loops.clone(), me);
     let _ = stream.set_nodelay(true);
-    let idle = proxy.client_idle_timeout;
-    let limits = proxy.head_limits;
     let inbound = proxy.inbound;
     let counted = drain.count();
     let mut shutdown = shutdown.clone();
@@ -130,62 +134,152 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
         } else {
             crate::tls::Io::Plain(stream)
         };
-        let plaintext_inbound = inbound && matches!(io, crate::tls::Io::Plain(_));
-        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        // hyper's header read timeout runs from when a connection starts waiting
-        // for a request head: it closes idle keep-alive connections and clients
-        // that send headers too slowly alike. On an event loop (a
-        // single-threaded runtime) its timer is the loop's coarse one.
-        if coarse {
-            builder.http1().timer(crate::coarse_timer::CoarseTimer);
-        } else {
-            builder.http1().timer(hyper_util::rt::TokioTimer::new());
-        }
-        builder
-            .http1()
-            .header_read_timeout(idle)
-            // hyper answers a head that fills its read buffer, or has more
-            // fields, with 431 and closes (its buffer is at least 8 KiB).
-            .max_buf_size(limits.bytes.max(8192))
-            .max_headers(limits.count);
-        builder
-            .http2()
-            .max_header_list_size(u32::try_from(limits.bytes).unwrap_or(u32::MAX));
-        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-        if !plaintext_inbound {
-            if let Err(e) = Drained::new(conn, counted).await {
-                debug!(%peer, error = %e, "connection ended");
-            }
-            return;
-        }
-        // A plaintext inbound connection (PERMISSIVE) ends, gracefully
-        // (requests in flight answered, then the close or GOAWAY), when
-        // the mode becomes STRICT, as at shutdown; counted for the drain
-        // until then.
-        let _counted = counted;
-        tokio::pin!(conn);
-        let mut closing = false;
-        loop {
-            tokio::select! {
-                ended = conn.as_mut() => {
-                    if let Err(e) = ended {
-                        debug!(%peer, error = %e, "connection ended");
+        let speaks = match &io {
+            crate::tls::Io::Plain(tcp) => {
+                // Until the first bytes, the idle timeout and the drain are
+                // this wait's (hyper's own start with the connection).
+                let first = async {
+                    match proxy.client_idle_timeout {
+                        Some(idle) => tokio::time::timeout(idle, sniff::speaks(tcp)).await,
+                        None => Ok(sniff::speaks(tcp).await),
                     }
-                    return;
+                };
+                let first = tokio::select! {
+                    first = first => first,
+                    _ = shutdown.wait_for(|s| *s) => return,
+                };
+                match first {
+                    Ok(Ok(Some(speaks))) => speaks,
+                    // Closed or failed before a byte, or silent too long.
+                    _ => return,
                 }
-                _ = crate::tls::became_strict(), if !closing => {
-                    debug!(%peer, "closing a plaintext connection: STRICT mutual TLS is now in force");
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                }
-                _ = shutdown.wait_for(|s| *s), if !closing => {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                }
+            }
+            _ => Speaks::Unsure,
+        };
+        // A plaintext inbound connection (PERMISSIVE) ends when the mode
+        // becomes STRICT, as at shutdown.
+        let until_strict = (inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
+        let io = TokioIo::new(io);
+        let config = Config::of(&proxy, coarse);
+        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
+        match speaks {
+            Speaks::Http1 => {
+                let conn = config.http1().serve_connection(io, svc);
+                run(conn, counted, peer, until_strict).await;
+            }
+            Speaks::Http2 | Speaks::Unsure => {
+                let conn = config.auto().serve_connection(io, svc).into_owned();
+                run(conn, counted, peer, until_strict).await;
             }
         }
     });
+}
+
+/// How a loop's hyper servers are set up. hyper's header read timeout runs
+/// from when a connection starts waiting for a request head: it closes idle
+/// keep-alive connections and clients that send headers too slowly alike.
+/// On an event loop (a single-threaded runtime) its timer is the loop's
+/// coarse one. hyper answers a head that fills its read buffer (at least
+/// 8 KiB), or has more fields, with 431 and closes.
+struct Config {
+    idle: Option<Duration>,
+    limits: crate::proxy::HeadLimits,
+    coarse: bool,
+}
+
+impl Config {
+    fn of(proxy: &Proxy, coarse: bool) -> Config {
+        Config {
+            idle: proxy.client_idle_timeout,
+            limits: proxy.head_limits,
+            coarse,
+        }
+    }
+
+    /// HTTP/1.1 with flattened writes: a response's head and body chunks
+    /// are copied into one buffer and written with one `write`, rather than
+    /// queued for `writev` (460 fewer instructions a request for the small
+    /// responses of an API; BENCHMARKS.md). TLS writes are flattened anyway.
+    fn http1(&self) -> hyper::server::conn::http1::Builder {
+        let mut b = hyper::server::conn::http1::Builder::new();
+        if self.coarse {
+            b.timer(crate::coarse_timer::CoarseTimer);
+        } else {
+            b.timer(hyper_util::rt::TokioTimer::new());
+        }
+        b.header_read_timeout(self.idle)
+            .max_buf_size(self.max_buf())
+            .max_headers(self.limits.count)
+            .writev(false);
+        b
+    }
+
+    /// HTTP/1.1 or HTTP/2, as the client's first bytes say.
+    fn auto(&self) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+        let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        if self.coarse {
+            b.http1().timer(crate::coarse_timer::CoarseTimer);
+        } else {
+            b.http1().timer(hyper_util::rt::TokioTimer::new());
+        }
+        b.http1()
+            .header_read_timeout(self.idle)
+            .max_buf_size(self.max_buf())
+            .max_headers(self.limits.count);
+        b.http2().max_header_list_size(self.max_header_list());
+        b
+    }
+
+    fn max_buf(&self) -> usize {
+        self.limits.bytes.max(8192)
+    }
+
+    fn max_header_list(&self) -> u32 {
+        u32::try_from(self.limits.bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// Serves `conn` until it ends, counted by `counted` and gracefully closed
+/// when the drain starts; with `until_strict` (a plaintext inbound
+/// connection), also when STRICT mutual TLS comes into force (requests in
+/// flight answered, then the close or GOAWAY).
+async fn run<C, E>(
+    conn: C,
+    counted: drain::Counted,
+    peer: SocketAddr,
+    until_strict: Option<watch::Receiver<bool>>,
+) where
+    C: Graceful<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let Some(mut shutdown) = until_strict else {
+        if let Err(e) = Drained::new(conn, counted).await {
+            debug!(%peer, error = %e, "connection ended");
+        }
+        return;
+    };
+    let _counted = counted;
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    debug!(%peer, error = %e, "connection ended");
+                }
+                return;
+            }
+            _ = crate::tls::became_strict(), if !closing => {
+                debug!(%peer, "closing a plaintext connection: STRICT mutual TLS is now in force");
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = shutdown.wait_for(|s| *s), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
 }
 
 /// Hands a connection loop `me` accepted to the loop serving the fewest,
@@ -232,6 +326,13 @@ pub async fn serve(
     if coarse {
         crate::coarse_timer::ensure_waking();
     }
+    let on = Serving {
+        drain: connections.clone(),
+        shutdown: shutdown.clone(),
+        loops: loops.clone(),
+        me,
+        coarse,
+    };
     let (tx, mut handed) = mpsc::unbounded_channel::<Handoff>();
     *loops.handoff[me].lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     info!(listener = name, addr = ?local_addr, "listening");
@@ -261,13 +362,6 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        let on = Serving {
-            drain: &connections,
-            shutdown: &shutdown,
-            loops: &loops,
-            me,
-            coarse,
-        };
         serve_connection(stream, peer, &proxy, &on);
     }
     loops.handoff[me]
@@ -281,13 +375,6 @@ pub async fn serve(
     while let Ok((std, peer)) = handed.try_recv() {
         loops.open[me].fetch_sub(1, Ordering::Relaxed);
         if let Ok(stream) = TcpStream::from_std(std) {
-            let on = Serving {
-                drain: &connections,
-                shutdown: &shutdown,
-                loops: &loops,
-                me,
-                coarse,
-            };
             serve_connection(stream, peer, &proxy, &on);
         }
     }

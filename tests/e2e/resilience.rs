@@ -541,6 +541,13 @@ async fn clients_that_send_no_request_are_closed_but_slow_responses_are_not() {
         (start.elapsed(), String::from_utf8_lossy(&got).into_owned())
     };
 
+    let (after, got) = exchange(b"").await;
+    assert_eq!(got, "", "a connection that sends nothing gets no answer");
+    assert!(
+        after >= Duration::from_millis(450) && after < Duration::from_secs(3),
+        "closed after {after:?}"
+    );
+
     let (after, got) = exchange(b"GET / HTTP/1.1\r\nHost: backend\r\n").await;
     assert_eq!(got, "", "headers that never end get no answer");
     assert!(
