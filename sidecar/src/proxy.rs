@@ -111,72 +111,89 @@ pub struct Proxy {
 
 impl Proxy {
     /// Handles one request from `peer`.
-    pub async fn handle(
+    // This and `route` return async blocks rather than being async fns: an
+    // async fn rebinds its arguments as locals, and the request moved on
+    // from them would take its place in the future twice
+    // (rust-lang/rust#62958), a future hyper moves once per request.
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
         self: Arc<Self>,
         mut req: Request<Incoming>,
         peer: SocketAddr,
-    ) -> Result<Response<ResponseBody>, Infallible> {
-        let Some(edge) = self.edge else {
-            return Ok(self.route(req, peer).await);
-        };
-        edge.inward(&mut req);
-        Ok(edge.outward(self.route(req, peer).await))
+    ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+        async move {
+            let Some(edge) = self.edge else {
+                return Ok(self.route(req, peer).await);
+            };
+            edge.inward(&mut req);
+            Ok(edge.outward(self.route(req, peer).await))
+        }
     }
 
     /// Routes a request from `peer` to its cluster and forwards it there.
-    async fn route(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
-        let start = tokio::time::Instant::now();
-        crate::clock::advance(start);
-        if req.method() == Method::CONNECT {
-            return local(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported");
-        }
-        // A guard, not a clone of the table's Arc: no shared counter to bump
-        // per request; dropped once the cluster is cloned out.
-        let routing = self.routing.load();
-        let authority = request_authority(&req);
-        let Some(cluster) = authority
-            .as_ref()
-            .and_then(|a| routing.lookup(a.as_str()))
-            .or(routing.fallback.as_ref())
-        else {
-            if !self.ready.load(Ordering::Relaxed) {
-                return unprocessed(local(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "no config from the control plane yet",
-                ));
+    #[allow(clippy::manual_async_fn)]
+    fn route(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl std::future::Future<Output = Response<ResponseBody>> + '_ {
+        async move {
+            let start = tokio::time::Instant::now();
+            crate::clock::advance(start);
+            if req.method() == Method::CONNECT {
+                return local(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported");
             }
-            let reason = match authority {
-                Some(a) => format!("no route for host {}", a.as_str()),
-                None => "request names no host".to_string(),
-            };
-            return local(StatusCode::NOT_FOUND, &reason);
-        };
-        let cluster = cluster.clone();
-        drop(routing);
-        let (hash, set_cookie) = match &cluster.hash {
-            Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
-            None => (None, None),
-        };
-        // An edge without debug headers would strip the endpoint's name
-        // again: it is not added.
-        let named = self.edge.is_none_or(|e| e.debug_headers);
-        // Built where it is awaited: a future of some kilobytes held in a
-        // local first would be copied once more per request.
-        let mut forwarded = match cluster.timeout {
-            None => forward(&cluster, req, authority, hash, start, named).await,
-            Some(t) => {
-                match tokio::time::timeout(t, forward(&cluster, req, authority, hash, start, named))
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
+            // A guard, not a clone of the table's Arc: no shared counter to bump
+            // per request; dropped once the cluster is cloned out.
+            let routing = self.routing.load();
+            let authority = request_authority(&req);
+            let Some(cluster) = authority
+                .as_ref()
+                .and_then(|a| routing.lookup(a.as_str()))
+                .or(routing.fallback.as_ref())
+            else {
+                if !self.ready.load(Ordering::Relaxed) {
+                    return unprocessed(local(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no config from the control plane yet",
+                    ));
                 }
+                let reason = match authority {
+                    Some(a) => format!("no route for host {}", a.as_str()),
+                    None => "request names no host".to_string(),
+                };
+                return local(StatusCode::NOT_FOUND, &reason);
+            };
+            let cluster = cluster.clone();
+            drop(routing);
+            let (hash, set_cookie) = match &cluster.hash {
+                Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
+                None => (None, None),
+            };
+            // An edge without debug headers would strip the endpoint's name
+            // again: it is not added.
+            let named = self.edge.is_none_or(|e| e.debug_headers);
+            // Built where it is awaited: a future of some kilobytes held in a
+            // local first would be copied once more per request.
+            let mut forwarded = match cluster.timeout {
+                None => forward(&cluster, req, authority, hash, start, named).await,
+                Some(t) => {
+                    match tokio::time::timeout(
+                        t,
+                        forward(&cluster, req, authority, hash, start, named),
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
+                    }
+                }
+            };
+            if let Some(cookie) = set_cookie {
+                forwarded.headers_mut().append(header::SET_COOKIE, cookie);
             }
-        };
-        if let Some(cookie) = set_cookie {
-            forwarded.headers_mut().append(header::SET_COOKIE, cookie);
+            forwarded
         }
-        forwarded
     }
 }
 
