@@ -19,6 +19,9 @@ use crate::endpoint::EndpointState;
 pub type Balancer = crate::balance::Balancer<EndpointState>;
 use crate::pool::PoolSettings;
 
+mod host_map;
+use host_map::HostMap;
+
 /// What a consistent-hash cluster hashes on.
 #[derive(Clone, Debug)]
 pub enum HashPolicy {
@@ -108,34 +111,6 @@ impl ClusterHandle {
             UpstreamProtocol::Http2 => true,
             UpstreamProtocol::Client => version == http::Version::HTTP_2,
         }
-    }
-}
-
-/// Authorities to cluster indexes, hashed with FNV-1a rather than SipHash:
-/// a lookup per request hashes a short host name in a fraction of the
-/// instructions. Its keys come from config, never from requests (a request's
-/// host is only looked up), so an unkeyed hash gives callers no way to
-/// crowd a bucket.
-type HostMap = HashMap<String, u32, std::hash::BuildHasherDefault<HostHasher>>;
-
-/// FNV-1a, 64 bits.
-pub struct HostHasher(u64);
-
-impl Default for HostHasher {
-    fn default() -> HostHasher {
-        HostHasher(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl std::hash::Hasher for HostHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
