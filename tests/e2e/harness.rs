@@ -212,6 +212,35 @@ impl Net {
         p
     }
 
+    /// Starts a fake-service app at .host:8080, the app a sidecar with
+    /// [`Net::inbound_flags`] stands in front of, and waits for it.
+    pub async fn app(&self, host: u8) -> Proc {
+        self.app_with(host, &[]).await
+    }
+
+    /// The same, with more fake-service environment.
+    pub async fn app_with(&self, host: u8, env: &[(&str, &str)]) -> Proc {
+        let mut e: Vec<(&str, String)> = vec![
+            ("LISTEN_ADDR", self.addr(host, 8080).to_string()),
+            ("NAME", format!("backend-{host}")),
+        ];
+        e.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        let p = self.spawn(&format!("app-{host}"), "fake-service", &[], &e);
+        wait_http(self.addr(host, 8080), "/health").await;
+        p
+    }
+
+    /// A sidecar's flags for an inbound listener at .host:9090 in front of
+    /// the app at .host:8080 ([`Net::app`]).
+    pub fn inbound_flags(&self, host: u8) -> [String; 4] {
+        [
+            "--inbound".into(),
+            self.addr(host, 9090).to_string(),
+            "--app".into(),
+            self.addr(host, 8080).to_string(),
+        ]
+    }
+
     /// Writes `name.yaml` into the config directory atomically.
     pub fn write(&self, name: &str, text: &str) {
         let path = self.config().join(name);

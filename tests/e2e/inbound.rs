@@ -43,17 +43,9 @@ async fn an_app_cannot_speak_for_its_sidecar() {
     net.service("backend", &[1]);
     net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
     let _cp = net.control_plane().await;
-    let _pod = net
-        .sidecar(
-            1,
-            &[
-                "--inbound",
-                &net.addr(1, 9090).to_string(),
-                "--app",
-                &net.addr(1, 8080).to_string(),
-            ],
-        )
-        .await;
+    let flags = net.inbound_flags(1);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let _pod = net.sidecar(1, &flags).await;
 
     // Straight to the pod's inbound listener: the app's status, body and
     // own headers pass; of the mesh's headers only the endpoint, which the

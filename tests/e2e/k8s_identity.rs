@@ -219,30 +219,11 @@ async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_to
     // The backend's sidecar is served by the leader, the caller's by the
     // follower: a request between them is mutual TLS across two replicas'
     // certificates, trusted through the one root.
-    let app = net.spawn(
-        "app-1",
-        "fake-service",
-        &[],
-        &[
-            ("LISTEN_ADDR", net.addr(1, 8080).to_string()),
-            ("NAME", "backend-1".into()),
-        ],
-    );
-    wait_http(net.addr(1, 8080), "/health").await;
+    let app = net.app(1).await;
     let inbound = net.addr(1, 9090);
-    let _server = sidecar(
-        &net,
-        1,
-        net.addr(254, 15010),
-        BACKEND_TOKEN,
-        &[
-            "--inbound",
-            &inbound.to_string(),
-            "--app",
-            &net.addr(1, 8080).to_string(),
-        ],
-    )
-    .await;
+    let flags = net.inbound_flags(1);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let _server = sidecar(&net, 1, net.addr(254, 15010), BACKEND_TOKEN, &flags).await;
     let _client = sidecar(&net, 10, net.addr(253, 15010), WEB_TOKEN, &[]).await;
     // The Pod watch marks the endpoint as a sidecar's.
     wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {

@@ -52,16 +52,7 @@ impl Mesh {
                 net.ip(1)
             ),
         );
-        let app = net.spawn(
-            "app-1",
-            "fake-service",
-            &[],
-            &[
-                ("LISTEN_ADDR", net.addr(1, 8080).to_string()),
-                ("NAME", "backend-1".into()),
-            ],
-        );
-        wait_http(net.addr(1, 8080), "/health").await;
+        let app = net.app(1).await;
         let ca = dir.join("ca");
         let mut cp_args = vec![
             "--ca-dir".to_string(),
@@ -75,21 +66,10 @@ impl Mesh {
         let root = ca.join("root-cert.pem").display().to_string();
         let backend_token = dir.join("backend.token").display().to_string();
         let web_token = dir.join("web.token").display().to_string();
-        let server = sidecar(
-            &net,
-            1,
-            &[
-                "--inbound",
-                &net.addr(1, 9090).to_string(),
-                "--app",
-                &net.addr(1, 8080).to_string(),
-                "--ca-root",
-                &root,
-                "--token-file",
-                &backend_token,
-            ],
-        )
-        .await;
+        let inbound = net.inbound_flags(1);
+        let mut flags: Vec<&str> = inbound.iter().map(String::as_str).collect();
+        flags.extend(["--ca-root", &root, "--token-file", &backend_token]);
+        let server = sidecar(&net, 1, &flags).await;
         let client = sidecar(&net, 10, &["--ca-root", &root, "--token-file", &web_token]).await;
         // The caller knows the endpoint runs a sidecar.
         wait_sidecar(net.addr(10, 15000), Duration::from_secs(10), |v| {

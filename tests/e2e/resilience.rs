@@ -140,30 +140,15 @@ async fn an_app_killed_behind_its_sidecar_loses_no_request() {
     let mut apps = Vec::new();
     let mut pods = Vec::new();
     for h in 1..=3u8 {
-        let mut env: Vec<(&str, String)> = vec![
-            ("LISTEN_ADDR", net.addr(h, 8080).to_string()),
-            ("NAME", format!("backend-{h}")),
-        ];
-        env.extend(slow.iter().map(|(k, v)| (*k, v.to_string())));
-        apps.push(net.spawn(&format!("app-{h}"), "fake-service", &[], &env));
-        wait_http(net.addr(h, 8080), "/health").await;
+        apps.push(net.app_with(h, &slow).await);
     }
     net.service("backend", &[1, 2, 3]);
     net.rule("rule.yaml", "backend", "simple: ROUND_ROBIN");
     let _cp = net.control_plane().await;
     for h in 1..=3u8 {
-        pods.push(
-            net.sidecar(
-                h,
-                &[
-                    "--inbound",
-                    &net.addr(h, 9090).to_string(),
-                    "--app",
-                    &net.addr(h, 8080).to_string(),
-                ],
-            )
-            .await,
-        );
+        let flags = net.inbound_flags(h);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        pods.push(net.sidecar(h, &flags).await);
     }
     let _client = net.sidecar(100, &[]).await;
     let loader = Background::start(net.addr(100, 15001), "backend", 20);
