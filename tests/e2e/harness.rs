@@ -202,14 +202,8 @@ impl Net {
 
     /// Starts a fake-service backend at .host:9090 and waits for it.
     pub async fn backend(&self, host: u8, env: &[(&str, &str)]) -> Proc {
-        let mut e: Vec<(&str, String)> = vec![
-            ("LISTEN_ADDR", self.addr(host, 9090).to_string()),
-            ("NAME", format!("backend-{host}")),
-        ];
-        e.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-        let p = self.spawn(&format!("backend-{host}"), "fake-service", &[], &e);
-        wait_http(self.addr(host, 9090), "/health").await;
-        p
+        self.fake_service(&format!("backend-{host}"), host, 9090, env)
+            .await
     }
 
     /// Starts a fake-service app at .host:8080, the app a sidecar with
@@ -220,13 +214,20 @@ impl Net {
 
     /// The same, with more fake-service environment.
     pub async fn app_with(&self, host: u8, env: &[(&str, &str)]) -> Proc {
+        self.fake_service(&format!("app-{host}"), host, 8080, env)
+            .await
+    }
+
+    /// Starts fake-service (`NAME` backend-HOST) at .host:port, logged as
+    /// `name`, and waits until it answers its health path.
+    async fn fake_service(&self, name: &str, host: u8, port: u16, env: &[(&str, &str)]) -> Proc {
         let mut e: Vec<(&str, String)> = vec![
-            ("LISTEN_ADDR", self.addr(host, 8080).to_string()),
+            ("LISTEN_ADDR", self.addr(host, port).to_string()),
             ("NAME", format!("backend-{host}")),
         ];
         e.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-        let p = self.spawn(&format!("app-{host}"), "fake-service", &[], &e);
-        wait_http(self.addr(host, 8080), "/health").await;
+        let p = self.spawn(name, "fake-service", &[], &e);
+        wait_http(self.addr(host, port), "/health").await;
         p
     }
 
