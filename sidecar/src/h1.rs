@@ -54,6 +54,7 @@ mod request;
 mod response;
 
 pub use crate::message::{idempotent, UpstreamBody};
+pub(crate) use request::encode_with_host;
 use request::*;
 pub use request::{encode, Outgoing};
 use response::*;

@@ -169,12 +169,23 @@ pub fn encode(
     host: &str,
     body: UpstreamBody,
 ) -> Outgoing {
+    let add = (!headers.contains_key(header::HOST)).then_some(host);
+    encode_with_host(method, target, headers, add, body)
+}
+
+/// [`encode`] for a caller that knows whether `headers` carry `host`:
+/// `host` is the one to add, None when they do.
+pub(crate) fn encode_with_host(
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    host: Option<&str>,
+    body: UpstreamBody,
+) -> Outgoing {
     let mut h = headers.clone();
     h.remove(header::CONTENT_LENGTH);
-    if !h.contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(host) {
-            h.insert(header::HOST, v);
-        }
+    if let Some(v) = host.and_then(|host| HeaderValue::from_str(host).ok()) {
+        h.insert(header::HOST, v);
     }
     let target = if target.is_empty() { "/" } else { target };
     let (buffered, streaming) = match body {

@@ -161,7 +161,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
         let until_strict = (inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
         let io = TokioIo::new(io);
         let config = Config::of(&proxy, coarse);
-        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req, peer));
+        let svc = hyper::service::service_fn(move |req| proxy.handle(req, peer));
         match speaks {
             Speaks::Http1 => {
                 let conn = config.http1().serve_connection(io, svc);

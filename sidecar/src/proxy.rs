@@ -21,7 +21,7 @@ use tracing::{debug, info};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
-use crate::h1::{encode, Outgoing};
+use crate::h1::{encode_with_host, Outgoing};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::headers;
 
@@ -110,191 +110,260 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Handles one request from `peer`.
-    // This and `route` return async blocks rather than being async fns: an
-    // async fn rebinds its arguments as locals, and the request moved on
-    // from them would take its place in the future twice
-    // (rust-lang/rust#62958), a future hyper moves once per request.
-    #[allow(clippy::manual_async_fn)]
+    /// Handles one request from `peer`: routed here, forwarded by the
+    /// future returned, which holds no reference to the proxy.
+    //
+    // Routing is a plain function, and the future hyper keeps for the
+    // request is `forward`'s alone: a future awaited inside another is
+    // copied into it, and each level of a few KiB cost a request hundreds
+    // of instructions (BENCHMARKS.md, "The gateway's request path").
     pub fn handle(
-        self: Arc<Self>,
+        &self,
         mut req: Request<Incoming>,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
-        async move {
-            let Some(edge) = self.edge else {
-                return Ok(self.route(req, peer).await);
-            };
+        if let Some(edge) = &self.edge {
             edge.inward(&mut req);
-            Ok(edge.outward(self.route(req, peer).await))
+        }
+        match self.route(req, peer) {
+            Ok(routed) => futures_util::future::Either::Left(forward(self.edge, routed)),
+            Err(answer) => {
+                let answer = answer_to(self.edge, answer);
+                futures_util::future::Either::Right(std::future::ready(Ok(answer)))
+            }
         }
     }
 
-    /// Routes a request from `peer` to its cluster and forwards it there.
-    #[allow(clippy::manual_async_fn)]
+    /// Routes a request from `peer` to its cluster; Err is the answer
+    /// when it goes nowhere.
+    // Err is no larger than Ok (a request), and boxing it would allocate
+    // for every request answered here.
+    #[allow(clippy::result_large_err)]
     fn route(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
-    ) -> impl std::future::Future<Output = Response<ResponseBody>> + '_ {
-        async move {
-            let start = tokio::time::Instant::now();
-            crate::clock::advance(start);
-            if req.method() == Method::CONNECT {
-                return local(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not supported");
-            }
-            // A guard, not a clone of the table's Arc: no shared counter to bump
-            // per request; dropped once the cluster is cloned out.
-            let routing = self.routing.load();
-            let authority = request_authority(&req);
-            let Some(cluster) = authority
-                .as_ref()
-                .and_then(|a| routing.lookup(a.as_str()))
-                .or(routing.fallback.as_ref())
-            else {
-                if !self.ready.load(Ordering::Relaxed) {
-                    return unprocessed(local(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "no config from the control plane yet",
-                    ));
-                }
-                let reason = match authority {
-                    Some(a) => format!("no route for host {}", a.as_str()),
-                    None => "request names no host".to_string(),
-                };
-                return local(StatusCode::NOT_FOUND, &reason);
-            };
-            let cluster = cluster.clone();
-            drop(routing);
-            let (hash, set_cookie) = match &cluster.hash {
-                Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
-                None => (None, None),
-            };
-            // An edge without debug headers would strip the endpoint's name
-            // again: it is not added.
-            let named = self.edge.is_none_or(|e| e.debug_headers);
-            // Built where it is awaited: a future of some kilobytes held in a
-            // local first would be copied once more per request.
-            let mut forwarded = match cluster.timeout {
-                None => forward(&cluster, req, authority, hash, start, named).await,
-                Some(t) => {
-                    match tokio::time::timeout(
-                        t,
-                        forward(&cluster, req, authority, hash, start, named),
-                    )
-                    .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => local(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
-                    }
-                }
-            };
-            if let Some(cookie) = set_cookie {
-                forwarded.headers_mut().append(header::SET_COOKIE, cookie);
-            }
-            forwarded
+    ) -> Result<Routed, Response<ResponseBody>> {
+        let start = tokio::time::Instant::now();
+        crate::clock::advance(start);
+        if req.method() == Method::CONNECT {
+            return Err(local(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not supported",
+            ));
         }
+        // A guard, not a clone of the table's Arc: no shared counter to bump
+        // per request; dropped once the cluster is cloned out.
+        let routing = self.routing.load();
+        let authority = request_authority(&req);
+        let Some(cluster) = authority
+            .as_ref()
+            .and_then(|a| routing.lookup(a.as_str()))
+            .or(routing.fallback.as_ref())
+        else {
+            if !self.ready.load(Ordering::Relaxed) {
+                return Err(unprocessed(local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no config from the control plane yet",
+                )));
+            }
+            let reason = match authority {
+                Some(a) => format!("no route for host {}", a.as_str()),
+                None => "request names no host".to_string(),
+            };
+            return Err(local(StatusCode::NOT_FOUND, &reason));
+        };
+        let cluster = cluster.clone();
+        drop(routing);
+        let (hash, set_cookie) = match &cluster.hash {
+            Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
+            None => (None, None),
+        };
+        Ok(Routed {
+            cluster,
+            req,
+            authority,
+            hash,
+            set_cookie,
+            start,
+            // An edge without debug headers would strip the endpoint's
+            // name again: it is not added.
+            named: self.edge.is_none_or(|e| e.debug_headers),
+        })
     }
 }
 
-/// Forwards a request to `cluster`: each attempt picks an endpoint, sends,
-/// and [`retry::decide`]s what follows from what it came to. `named`: the
-/// response names the endpoint that answered ([`ENDPOINT_HEADER`]).
-async fn forward(
-    cluster: &ClusterHandle,
+/// A request routed to its cluster, for [`forward`].
+struct Routed {
+    cluster: Arc<ClusterHandle>,
     req: Request<Incoming>,
     authority: Option<Authority>,
+    /// The consistent-hash key, for a cluster that hashes.
     hash: Option<u64>,
+    /// The cookie to set, for a cluster hashing on a cookie the request
+    /// did not carry.
+    set_cookie: Option<HeaderValue>,
     start: tokio::time::Instant,
+    /// The response names the endpoint that answered ([`ENDPOINT_HEADER`]).
     named: bool,
-) -> Response<ResponseBody> {
-    let mut req = match Prepared::read(cluster, req, authority, start).await {
-        Ok(req) => req,
-        Err(answer) => return answer,
-    };
-    let mut inflight = match admit(cluster) {
-        Ok(guard) => guard,
-        Err(max) => {
-            let reason = format!(
-                "cluster {} has {max} requests in flight (connectionPool limit)",
-                cluster.name
-            );
-            let r = unprocessed(local(StatusCode::SERVICE_UNAVAILABLE, &reason));
-            return overflow(r, "max requests", max);
-        }
-    };
-    cluster.budget.on_request(crate::clock::now_ms());
-    let mut tries = Tries::default();
-    for attempt in 0..req.attempts {
-        if attempt > 0 {
-            if let Some(refused) = tries.retry_refused(cluster) {
-                return refused;
-            }
-        }
-        let Some(ep) = pick(cluster, hash, tries.tried()) else {
-            let reason = format!("no healthy endpoints in cluster {}", cluster.name);
-            return tries.fail(StatusCode::SERVICE_UNAVAILABLE, &reason);
-        };
-        if attempt > 0 && tries.has_tried(&ep) {
-            // No other endpoint to go to: back off before one already tried.
-            let backoff = RETRY_BACKOFF * (1 << (attempt - 1).min(4));
-            Box::pin(tokio::time::sleep(backoff)).await;
-        }
-        let started = req.attempt_started();
-        let Some(up) = req.attempt(&ep) else {
-            return tries.fail(StatusCode::BAD_GATEWAY, "request body already sent");
-        };
-        let guard = ep.start();
-        // The send future is built where it is awaited (see `handle`).
-        let sent = match cluster.per_try_timeout {
-            None => send(&ep, &cluster.pool, up).await,
-            Some(t) => match tokio::time::timeout(t, send(&ep, &cluster.pool, up)).await {
-                Ok(sent) => sent,
-                Err(_) => Sent::TimedOut,
-            },
-        };
-        if let Sent::Failed(e) = &sent {
-            if e.is_client_body() {
-                // The caller's body broke (malformed chunked encoding, or
-                // the caller went away): its error, not the endpoint's.
-                let reason = format!("reading the request body: {}", source_chain(e));
-                return local(StatusCode::BAD_REQUEST, &reason);
-            }
-        }
-        let sent = match sent {
-            // The app behind the inbound listener speaks for itself only: a
-            // mesh header it sets could make callers back off its endpoint
-            // or retry a request it processed.
-            Sent::Answered(mut resp) if cluster.local_app => {
-                strip_mesh_headers(resp.headers_mut());
-                Sent::Answered(resp)
-            }
-            sent => sent,
-        };
-        let at = Standing {
-            left: attempt + 1 < req.attempts && req.body.resendable(),
-            idempotent: req.idempotent,
-        };
-        let (outcome, action) = sent.decide(req.h2, at, &cluster.retry_on);
-        let sent = match (sent, action) {
-            (Sent::Answered(resp), Action::Stop) => {
-                let held = (guard, inflight.take());
-                let delivery = Delivery {
-                    started,
-                    delivered: tries.delivered(),
-                    named,
+}
+
+/// The answer to a request: `routed`'s, forwarded to its cluster (each
+/// attempt picks an endpoint, sends, and [`retry::decide`]s what follows
+/// from what it came to), or the one routing gave. The cluster's
+/// `timeout` bounds every wait until the response head: reading a body to
+/// buffer, each attempt, each backoff.
+#[allow(clippy::manual_async_fn)]
+fn forward(
+    edge: Option<Edge>,
+    routed: Routed,
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+    async move {
+        // The fields are used where they are, not moved to locals: each would
+        // take a second place in the future (see `Proxy::handle`).
+        let cluster = &routed.cluster;
+        let hash = routed.hash;
+        let start = routed.start;
+        let named = routed.named;
+        let deadline = cluster.timeout.map(|t| start + t);
+        let timed_out = || local(StatusCode::GATEWAY_TIMEOUT, "request timeout");
+        let mut answer = 'answer: {
+            let mut req = Prepared::new(cluster, routed.req, routed.authority, start);
+            if req.body_unread() {
+                let read = match deadline {
+                    None => Ok(req.read_body().await),
+                    Some(d) => tokio::time::timeout_at(d, req.read_body()).await,
                 };
-                return pass_on(cluster, &ep, resp, held, delivery);
+                match read {
+                    Ok(Ok(())) => {}
+                    Ok(Err(answer)) => break 'answer answer,
+                    Err(_) => break 'answer timed_out(),
+                }
             }
-            (sent, _) => sent,
+            let mut inflight = match admit(cluster) {
+                Ok(guard) => guard,
+                Err(max) => {
+                    let reason = format!(
+                        "cluster {} has {max} requests in flight (connectionPool limit)",
+                        cluster.name
+                    );
+                    let r = unprocessed(local(StatusCode::SERVICE_UNAVAILABLE, &reason));
+                    break 'answer overflow(r, "max requests", max);
+                }
+            };
+            cluster.budget.on_request(crate::clock::now_ms());
+            let mut tries = Tries::default();
+            for attempt in 0..req.attempts {
+                if attempt > 0 {
+                    if let Some(refused) = tries.retry_refused(cluster) {
+                        break 'answer refused;
+                    }
+                }
+                let Some(ep) = pick(cluster, hash, tries.tried()) else {
+                    let reason = format!("no healthy endpoints in cluster {}", cluster.name);
+                    break 'answer tries.fail(StatusCode::SERVICE_UNAVAILABLE, &reason);
+                };
+                if attempt > 0 && tries.has_tried(&ep) {
+                    // No other endpoint to go to: back off before one already
+                    // tried (unless the request's time runs out first).
+                    let backoff = RETRY_BACKOFF * (1 << (attempt - 1).min(4));
+                    let wake = tokio::time::Instant::now() + backoff;
+                    if let Some(d) = deadline.filter(|d| *d <= wake) {
+                        Box::pin(tokio::time::sleep_until(d)).await;
+                        break 'answer timed_out();
+                    }
+                    Box::pin(tokio::time::sleep_until(wake)).await;
+                }
+                let started = req.attempt_started();
+                let Some(up) = req.attempt(&ep) else {
+                    break 'answer tries.fail(StatusCode::BAD_GATEWAY, "request body already sent");
+                };
+                let guard = ep.start();
+                // The send future is built where it is awaited: held in a local
+                // first, it would be copied once more.
+                let sent = match attempt_ends(cluster.per_try_timeout, deadline) {
+                    None => send(&ep, &cluster.pool, up).await,
+                    Some((end, whole)) => {
+                        match tokio::time::timeout_at(end, send(&ep, &cluster.pool, up)).await {
+                            Ok(sent) => sent,
+                            Err(_) if whole => break 'answer timed_out(),
+                            Err(_) => Sent::TimedOut,
+                        }
+                    }
+                };
+                if let Sent::Failed(e) = &sent {
+                    if e.is_client_body() {
+                        // The caller's body broke (malformed chunked encoding,
+                        // or the caller went away): its error, not the
+                        // endpoint's.
+                        let reason = format!("reading the request body: {}", source_chain(e));
+                        break 'answer local(StatusCode::BAD_REQUEST, &reason);
+                    }
+                }
+                let sent = match sent {
+                    // The app behind the inbound listener speaks for itself
+                    // only: a mesh header it sets could make callers back off
+                    // its endpoint or retry a request it processed.
+                    Sent::Answered(mut resp) if cluster.local_app => {
+                        strip_mesh_headers(resp.headers_mut());
+                        Sent::Answered(resp)
+                    }
+                    sent => sent,
+                };
+                let at = Standing {
+                    left: attempt + 1 < req.attempts && req.body.resendable(),
+                    idempotent: req.idempotent,
+                };
+                let (outcome, action) = sent.decide(req.h2, at, &cluster.retry_on);
+                let sent = match (sent, action) {
+                    (Sent::Answered(resp), Action::Stop) => {
+                        let held = (guard, inflight.take());
+                        let delivery = Delivery {
+                            started,
+                            delivered: tries.delivered(),
+                            named,
+                        };
+                        break 'answer pass_on(cluster, &ep, resp, held, delivery);
+                    }
+                    (sent, _) => sent,
+                };
+                tries.failed(cluster, ep, outcome, &sent);
+                drop(guard);
+                if action == Action::Stop {
+                    break 'answer tries.give_up(outcome, &sent, req.attempts);
+                }
+            }
+            tries.exhausted(req.attempts)
         };
-        tries.failed(cluster, ep, outcome, &sent);
-        drop(guard);
-        if action == Action::Stop {
-            return tries.give_up(outcome, &sent, req.attempts);
+        if let Some(cookie) = routed.set_cookie {
+            answer.headers_mut().append(header::SET_COOKIE, cookie);
         }
+        Ok(answer_to(edge, answer))
     }
-    tries.exhausted(req.attempts)
+}
+
+/// The answer as it leaves: through the edge, for a gateway's clients.
+fn answer_to(edge: Option<Edge>, answer: Response<ResponseBody>) -> Response<ResponseBody> {
+    match edge {
+        Some(edge) => edge.outward(answer),
+        None => answer,
+    }
+}
+
+/// When an attempt starting now ends, at its own timeout (`per_try`) or
+/// the request's `deadline`, whichever comes first; true when it is the
+/// request's. None: it may wait as long as it takes.
+fn attempt_ends(
+    per_try: Option<Duration>,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<(tokio::time::Instant, bool)> {
+    let own = per_try.map(|t| tokio::time::Instant::now() + t);
+    match (own, deadline) {
+        (Some(o), Some(d)) => Some(if d <= o { (d, true) } else { (o, false) }),
+        (Some(o), None) => Some((o, false)),
+        (None, Some(d)) => Some((d, true)),
+        (None, None) => None,
+    }
 }
 
 /// Picks an endpoint of `cluster` other than those in `avoid` where it can. One

@@ -24,6 +24,7 @@ mod rapid_reset;
 mod replicas;
 mod resilience;
 mod scope;
+mod timeouts;
 mod upstream_http;
 mod xds_v3;
 mod xds_v3_envoy;

@@ -65,6 +65,19 @@ pub fn encode(
     host: &str,
     body: UpstreamBody,
 ) -> Outgoing {
+    let add = (!headers.contains_key(header::HOST)).then_some(host);
+    encode_with_host(method, target, headers, add, body)
+}
+
+/// [`encode`] for a caller that knows whether `headers` carry `host`:
+/// `host` is the one to add, None when they do (no lookup to find out).
+pub(crate) fn encode_with_host(
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    host: Option<&str>,
+    body: UpstreamBody,
+) -> Outgoing {
     let mut w = SPARE
         .with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
         .unwrap_or_default();
@@ -76,7 +89,7 @@ pub fn encode(
         target.as_bytes()
     });
     w.extend_from_slice(b" HTTP/1.1\r\n");
-    if !headers.contains_key(header::HOST) {
+    if let Some(host) = host {
         // HTTP/1.1 requires one.
         put_field(&mut w, b"host", host.as_bytes());
     }

@@ -109,7 +109,10 @@ pub(crate) static HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes the headers that stop at this hop (RFC 9110 §7.6.1): those the
+/// `Connection` header names and the fixed list. True when the message
+/// carried any.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // Most messages carry none: one pass over the names, compared as
     // strings (a length test, then at most one memcmp), instead of a hash
     // lookup per hop-by-hop name. (Comparing with HOP_BY_HOP's HeaderNames
@@ -128,7 +131,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         )
     };
     if !headers.keys().any(hop) {
-        return;
+        return false;
     }
     if let Some(conn) = headers.get(header::CONNECTION).cloned() {
         if let Ok(list) = conn.to_str() {
@@ -143,6 +146,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(h);
     }
     headers.remove(header::TRANSFER_ENCODING);
+    true
 }
 
 /// Removes every mesh header (`x-minimesh-*`) from `headers`, without
@@ -164,6 +168,8 @@ pub(crate) struct Prepared {
     /// HTTP/2 carries `te: trailers` on (gRPC servers look for it).
     te_trailers: bool,
     pub(crate) body: RequestBody,
+    /// A small body still to buffer ([`Prepared::read_body`]).
+    unread: Option<Incoming>,
     /// Attempts allowed: 1 + the cluster's retries, or 1 when the body
     /// cannot be sent twice.
     pub(crate) attempts: u32,
@@ -172,20 +178,23 @@ pub(crate) struct Prepared {
     /// When the request started, for a first attempt that read no body
     /// since: no second clock read.
     first_start: Option<tokio::time::Instant>,
+    /// The headers carry `host` (else the endpoint's authority is sent).
+    has_host: bool,
     /// The HTTP/1.1 request, encoded at the first attempt and sent as is
     /// by the others.
     h1: Option<Outgoing>,
 }
 
 impl Prepared {
-    /// Reads `req` for `cluster`; Err is the answer when its body cannot
-    /// be read.
-    pub(crate) async fn read(
+    /// Reads `req`'s head for `cluster`. A body small enough to buffer is
+    /// read by [`Prepared::read_body`] when [`Prepared::body_unread`]; a
+    /// request without one is ready without a future (most are).
+    pub(crate) fn new(
         cluster: &ClusterHandle,
         req: Request<Incoming>,
         authority: Option<Authority>,
         start: tokio::time::Instant,
-    ) -> Result<Prepared, Response<ResponseBody>> {
+    ) -> Prepared {
         let (mut parts, body) = req.into_parts();
         let h2 = cluster.upstream_h2(parts.version);
         // Every TE but `trailers` over HTTP/2 is hop-by-hop and dropped.
@@ -195,41 +204,41 @@ impl Prepared {
                     .split(|b| *b == b',')
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
             });
-        strip_hop_by_hop(&mut parts.headers);
-        if !parts.headers.contains_key(header::HOST) {
+        let stripped = strip_hop_by_hop(&mut parts.headers);
+        // An authority read from the Host header needs no second lookup,
+        // unless `Connection` named `host` and it was stripped.
+        let mut has_host = matches!(authority, Some(Authority::Host(_))) && !stripped
+            || parts.headers.contains_key(header::HOST);
+        if !has_host {
             if let Some(v) = authority.and_then(|a| match a {
                 Authority::Host(h) => Some(h),
                 Authority::Uri(a) => HeaderValue::from_str(a.as_str()).ok(),
             }) {
                 parts.headers.insert(header::HOST, v);
+                has_host = true;
             }
         }
         let first_start = body.is_end_stream().then_some(start);
-        let (buffered, streaming) = if body.is_end_stream() {
-            (Some(Bytes::new()), None)
+        let (buffered, streaming, unread) = if body.is_end_stream() {
+            (Some(Bytes::new()), None, None)
         } else if body
             .size_hint()
             .upper()
             .is_some_and(|u| u <= MAX_BUFFERED_BODY)
         {
-            match Box::pin(body.collect()).await {
-                Ok(c) => (Some(c.to_bytes()), None),
-                Err(e) => {
-                    let reason = format!("reading request body: {e}");
-                    return Err(local(StatusCode::BAD_REQUEST, &reason));
-                }
-            }
+            (None, None, Some(body))
         } else {
-            (None, Some(body))
+            (None, Some(body), None)
         };
-        // A streamed body is recorded over HTTP/2 while it is short, so
-        // those requests may be retried too (see `crate::h2::Recording`).
-        let attempts = if buffered.is_some() || h2 {
+        // A buffered body can be sent again; a streamed one is recorded
+        // over HTTP/2 while it is short, so those requests may be retried
+        // too (see `crate::h2::Recording`).
+        let attempts = if streaming.is_none() || h2 {
             1 + cluster.retry_attempts
         } else {
             1
         };
-        Ok(Prepared {
+        Prepared {
             idempotent: crate::h1::idempotent(&parts.method),
             parts,
             h2,
@@ -239,10 +248,35 @@ impl Prepared {
                 streaming,
                 tape: None,
             },
+            unread,
             attempts,
             first_start,
+            has_host,
             h1: None,
-        })
+        }
+    }
+
+    /// A body to buffer before the first attempt ([`Prepared::read_body`]).
+    pub(crate) fn body_unread(&self) -> bool {
+        self.unread.is_some()
+    }
+
+    /// Buffers the body [`Prepared::new`] left unread; Err is the answer
+    /// when it cannot be read.
+    pub(crate) async fn read_body(&mut self) -> Result<(), Response<ResponseBody>> {
+        let Some(body) = self.unread.take() else {
+            return Ok(());
+        };
+        match Box::pin(body.collect()).await {
+            Ok(c) => {
+                self.body.buffered = Some(c.to_bytes());
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!("reading request body: {e}");
+                Err(local(StatusCode::BAD_REQUEST, &reason))
+            }
+        }
     }
 
     /// The request of an attempt at `ep`; None when its body was already
@@ -257,15 +291,10 @@ impl Prepared {
         }
         let parts = &self.parts;
         let body = &mut self.body;
+        let host = (!self.has_host).then(|| ep.authority.as_str());
         let up = self.h1.get_or_insert_with(|| {
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            encode(
-                &parts.method,
-                path,
-                &parts.headers,
-                ep.authority.as_str(),
-                body.h1(),
-            )
+            encode_with_host(&parts.method, path, &parts.headers, host, body.h1())
         });
         up.resendable().then_some(Attempt::H1(up))
     }
