@@ -179,10 +179,11 @@ impl Proxy {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
+        // Prepared here, while hyper waits: see `Prepared::encode_h1`.
+        let req = Prepared::new(&cluster, req, authority, start);
         Ok(Routed {
             cluster,
             req,
-            authority,
             hash,
             set_cookie,
             start,
@@ -196,8 +197,7 @@ impl Proxy {
 /// A request routed to its cluster, for [`forward`].
 struct Routed {
     cluster: Arc<ClusterHandle>,
-    req: Request<Incoming>,
-    authority: Option<Authority>,
+    req: Prepared,
     /// The consistent-hash key, for a cluster that hashes.
     hash: Option<u64>,
     /// The cookie to set, for a cluster hashing on a cookie the request
@@ -216,7 +216,7 @@ struct Routed {
 #[allow(clippy::manual_async_fn)]
 fn forward(
     edge: Option<Edge>,
-    routed: Routed,
+    mut routed: Routed,
 ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
     async move {
         // The fields are used where they are, not moved to locals: each would
@@ -228,7 +228,7 @@ fn forward(
         let deadline = cluster.timeout.map(|t| start + t);
         let timed_out = || local(StatusCode::GATEWAY_TIMEOUT, "request timeout");
         let mut answer = 'answer: {
-            let mut req = Prepared::new(cluster, routed.req, routed.authority, start);
+            let req = &mut routed.req;
             if req.body_unread() {
                 let read = match deadline {
                     None => Ok(req.read_body().await),

@@ -180,8 +180,8 @@ pub(crate) struct Prepared {
     first_start: Option<tokio::time::Instant>,
     /// The headers carry `host` (else the endpoint's authority is sent).
     has_host: bool,
-    /// The HTTP/1.1 request, encoded at the first attempt and sent as is
-    /// by the others.
+    /// The HTTP/1.1 request, encoded once (by `new` when it can, else at
+    /// the first attempt) and sent as is by every attempt.
     h1: Option<Outgoing>,
 }
 
@@ -238,7 +238,7 @@ impl Prepared {
         } else {
             1
         };
-        Prepared {
+        let mut prepared = Prepared {
             idempotent: crate::h1::idempotent(&parts.method),
             parts,
             h2,
@@ -253,7 +253,28 @@ impl Prepared {
             first_start,
             has_host,
             h1: None,
+        };
+        // Encoded now when nothing it needs is still to come (the body,
+        // or an endpoint's authority for a request without a Host).
+        if !h2 && has_host && prepared.unread.is_none() {
+            prepared.encode_h1(None);
         }
+        prepared
+    }
+
+    /// Encodes the HTTP/1.1 request, and lets go of the head it was
+    /// encoded from. Its fields point into the client connection's read
+    /// buffer, which hyper reads the next request into only once nothing
+    /// else refers to it (else it allocates another); hyper reads from the
+    /// connection again as soon as it has handed this request over, before
+    /// the request's future first runs.
+    fn encode_h1(&mut self, host: Option<&str>) -> &mut Outgoing {
+        let parts = &mut self.parts;
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let up = encode_with_host(&parts.method, path, &parts.headers, host, self.body.h1());
+        parts.headers = HeaderMap::new();
+        parts.uri = http::Uri::default();
+        self.h1.insert(up)
     }
 
     /// A body to buffer before the first attempt ([`Prepared::read_body`]).
@@ -289,13 +310,11 @@ impl Prepared {
                 body: &mut self.body,
             }));
         }
-        let parts = &self.parts;
-        let body = &mut self.body;
-        let host = (!self.has_host).then(|| ep.authority.as_str());
-        let up = self.h1.get_or_insert_with(|| {
-            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            encode_with_host(&parts.method, path, &parts.headers, host, body.h1())
-        });
+        if self.h1.is_none() {
+            let host = (!self.has_host).then(|| ep.authority.as_str());
+            self.encode_h1(host);
+        }
+        let up = self.h1.as_mut()?;
         up.resendable().then_some(Attempt::H1(up))
     }
 
