@@ -220,7 +220,7 @@ fn forward(
 ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
     async move {
         // The fields are used where they are, not moved to locals: each would
-        // take a second place in the future (see `Proxy::handle`).
+        // take a second place in the future (rust-lang/rust#62958).
         let cluster = &routed.cluster;
         let hash = routed.hash;
         let start = routed.start;
@@ -437,6 +437,34 @@ mod tests {
         strip_mesh_headers(&mut h);
         assert_eq!(names(&h), ["host", "x-keep"]);
         assert_eq!(h.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_ends_at_its_own_timeout_or_the_requests_whichever_is_first() {
+        let now = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(attempt_ends(None, None), None);
+        assert_eq!(
+            attempt_ends(Some(ms(200)), None),
+            Some((now + ms(200), false))
+        );
+        assert_eq!(
+            attempt_ends(None, Some(now + ms(300))),
+            Some((now + ms(300), true))
+        );
+        assert_eq!(
+            attempt_ends(Some(ms(200)), Some(now + ms(300))),
+            Some((now + ms(200), false))
+        );
+        assert_eq!(
+            attempt_ends(Some(ms(1000)), Some(now + ms(300))),
+            Some((now + ms(300), true))
+        );
+        // Level: the request's, which ends it for good.
+        assert_eq!(
+            attempt_ends(Some(ms(300)), Some(now + ms(300))),
+            Some((now + ms(300), true))
+        );
     }
 
     #[test]
