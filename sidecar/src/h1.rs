@@ -54,7 +54,6 @@ mod request;
 mod response;
 
 pub use crate::message::{idempotent, UpstreamBody};
-pub(crate) use request::encode_with_host;
 use request::*;
 pub use request::{encode, Outgoing};
 use response::*;
@@ -459,7 +458,7 @@ mod tests {
         h.insert("host", HeaderValue::from_static("svc"));
         h.insert("content-length", HeaderValue::from_static("99"));
         let body = UpstreamBody::Buffered(Bytes::from_static(b"hi"));
-        let out = encode(&Method::POST, "/p?q=1", &h, "ep:80", body);
+        let out = encode(&Method::POST, "/p?q=1", &h, None, body);
         assert!(!out.is_head && !out.idempotent && out.resendable());
         assert_eq!(
             std::str::from_utf8(&out.buf).unwrap(),
@@ -471,7 +470,7 @@ mod tests {
             &Method::GET,
             "",
             &HeaderMap::new(),
-            "ep:80",
+            Some("ep:80"),
             UpstreamBody::Buffered(Bytes::new()),
         );
         assert!(out.idempotent);

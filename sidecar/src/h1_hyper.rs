@@ -160,22 +160,10 @@ impl Outgoing {
     }
 }
 
-/// Builds a request: its method, origin-form target, headers (with `host`
-/// when they carry none) and body; hyper states the framing.
+/// Builds a request: its method, origin-form target, headers, `host` (the
+/// Host header to add, for headers that carry none; None when they carry
+/// one) and body; hyper states the framing.
 pub fn encode(
-    method: &Method,
-    target: &str,
-    headers: &HeaderMap,
-    host: &str,
-    body: UpstreamBody,
-) -> Outgoing {
-    let add = (!headers.contains_key(header::HOST)).then_some(host);
-    encode_with_host(method, target, headers, add, body)
-}
-
-/// [`encode`] for a caller that knows whether `headers` carry `host`:
-/// `host` is the one to add, None when they do.
-pub(crate) fn encode_with_host(
     method: &Method,
     target: &str,
     headers: &HeaderMap,

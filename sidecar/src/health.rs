@@ -126,7 +126,13 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
             };
             let target = uri.path_and_query().map_or("/", |p| p.as_str());
             let body = crate::pool::UpstreamBody::Buffered(Bytes::new());
-            let mut req = encode(&Method::GET, target, &headers, ep.authority.as_str(), body);
+            let mut req = encode(
+                &Method::GET,
+                target,
+                &headers,
+                Some(ep.authority.as_str()),
+                body,
+            );
             let conns = ConnPool::default();
             conns.set_mtls(ep.pool().mtls());
             return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick()).await, Ok(r) if r.status().is_success());

@@ -331,7 +331,7 @@ mod tests {
             &http::Method::GET,
             "/",
             &http::HeaderMap::new(),
-            &addr.to_string(),
+            Some(&addr.to_string()),
             body,
         )
     }

@@ -21,7 +21,7 @@ use tracing::{debug, info};
 
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
-use crate::h1::{encode_with_host, Outgoing};
+use crate::h1::{encode, Outgoing};
 use crate::routing::{ClusterHandle, HashPolicy, Routing};
 use minimesh_proto::headers;
 

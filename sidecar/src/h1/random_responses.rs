@@ -249,7 +249,7 @@ struct Read {
 async fn read_response(conn: &mut Conn, is_head: bool) -> Result<Read, Error> {
     let method = if is_head { Method::HEAD } else { Method::GET };
     let body = UpstreamBody::Buffered(Bytes::new());
-    let mut out = encode(&method, "/", &HeaderMap::new(), "ep:80", body);
+    let mut out = encode(&method, "/", &HeaderMap::new(), Some("ep:80"), body);
     let (response, mut decoder) = conn.exchange(&mut out).await?;
     let mut read = Read {
         status: response.status().as_u16(),

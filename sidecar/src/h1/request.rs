@@ -54,24 +54,12 @@ impl Outgoing {
     }
 }
 
-/// Encodes a request: its method, origin-form target, headers (with
-/// `host` when they carry none) and body. A buffered body goes in with the
-/// head; a streamed one is sent with a length when its size is known, else
-/// chunked.
+/// Encodes a request: its method, origin-form target, headers, `host` and
+/// body. `host` is the Host header to add, for headers that carry none
+/// (the caller knows: no lookup here); None when they carry one. A
+/// buffered body goes in with the head; a streamed one is sent with a
+/// length when its size is known, else chunked.
 pub fn encode(
-    method: &Method,
-    target: &str,
-    headers: &HeaderMap,
-    host: &str,
-    body: UpstreamBody,
-) -> Outgoing {
-    let add = (!headers.contains_key(header::HOST)).then_some(host);
-    encode_with_host(method, target, headers, add, body)
-}
-
-/// [`encode`] for a caller that knows whether `headers` carry `host`:
-/// `host` is the one to add, None when they do (no lookup to find out).
-pub(crate) fn encode_with_host(
     method: &Method,
     target: &str,
     headers: &HeaderMap,

@@ -271,7 +271,7 @@ impl Prepared {
     fn encode_h1(&mut self, host: Option<&str>) -> &mut Outgoing {
         let parts = &mut self.parts;
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let up = encode_with_host(&parts.method, path, &parts.headers, host, self.body.h1());
+        let up = encode(&parts.method, path, &parts.headers, host, self.body.h1());
         parts.headers = HeaderMap::new();
         parts.uri = http::Uri::default();
         self.h1.insert(up)
