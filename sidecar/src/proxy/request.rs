@@ -268,13 +268,13 @@ impl Prepared {
     /// else refers to it (else it allocates another); hyper reads from the
     /// connection again as soon as it has handed this request over, before
     /// the request's future first runs.
-    fn encode_h1(&mut self, host: Option<&str>) -> &mut Outgoing {
+    fn encode_h1(&mut self, host: Option<&str>) {
         let parts = &mut self.parts;
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let up = encode(&parts.method, path, &parts.headers, host, self.body.h1());
         parts.headers = HeaderMap::new();
         parts.uri = http::Uri::default();
-        self.h1.insert(up)
+        self.h1 = Some(up);
     }
 
     /// A body to buffer before the first attempt ([`Prepared::read_body`]).
@@ -314,6 +314,7 @@ impl Prepared {
             let host = (!self.has_host).then(|| ep.authority.as_str());
             self.encode_h1(host);
         }
+        // Some: encoded by `new`, or just above.
         let up = self.h1.as_mut()?;
         up.resendable().then_some(Attempt::H1(up))
     }
