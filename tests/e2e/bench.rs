@@ -484,7 +484,19 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
                     (r.as_f64().unwrap_or(0.0) - rate(ours) / rate(peer)).abs() < 1e-9,
                     "{pair}"
                 );
+                // And CPU a request, ours over the peer's, in that round.
+                let cpu = |path: &serde_json::Value| {
+                    path["cpu_s_per_1000_rounds"][round].as_f64().unwrap_or(0.0)
+                };
+                let want = cpu(ours) / cpu(peer).max(1e-9);
+                let got = pair["cpu_ratio"][round].as_f64().unwrap_or(-1.0);
+                assert!((got - want).abs() < 1e-9, "{pair}");
             }
+            assert_eq!(
+                pair["cpu_saturated_ratio"].as_array().map(Vec::len),
+                Some(2),
+                "{pair}"
+            );
             assert_eq!(
                 pair["p99_diff_ms"].as_array().map(Vec::len),
                 Some(2),
@@ -495,7 +507,9 @@ async fn overhead_and_control_plane_scale_report_their_figures() {
             let summary =
                 std::fs::read_to_string(out.join("overhead/summary.txt")).expect("summary");
             assert!(
-                summary.contains("one sidecar against each peer, round by round"),
+                summary.contains("one sidecar against each peer, round by round")
+                    && summary.contains("CPU at 1000 req/s")
+                    && summary.contains("CPU saturated"),
                 "{summary}"
             );
         }

@@ -39,8 +39,10 @@ use generator::*;
 
 mod mtls;
 mod paired;
+mod rounds;
 pub use paired::Paired;
 use paired::*;
+use rounds::*;
 
 /// One path's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -76,6 +78,10 @@ pub struct PathResult {
     pub p50_ms_rounds: Vec<f64>,
     /// See `p50_ms_rounds`.
     pub p99_ms_rounds: Vec<f64>,
+    /// `cpu_s_per_1000` in each round (empty for a path with no proxy).
+    pub cpu_s_per_1000_rounds: Vec<f64>,
+    /// `cpu_us_per_request_saturated` in each round.
+    pub cpu_us_per_request_saturated_rounds: Vec<f64>,
 }
 
 const TOPOLOGY: &str = "# Written by minimesh bench overhead.
@@ -308,6 +314,17 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             "",
             paired_line(&p.p99_diff_ms, |d| d <= 0.0, |d| format!("{d:+.3}ms")),
         );
+        // CPU a request against the peer's (lower is ahead), at the fixed
+        // rate and saturated.
+        for (what, ratios) in [
+            (format!("CPU at {rate} req/s"), &p.cpu_ratio),
+            ("CPU saturated".to_string(), &p.cpu_saturated_ratio),
+        ] {
+            if !ratios.is_empty() {
+                let line = paired_line(ratios, |r| r <= 1.0, |r| format!("{r:.2}x"));
+                let _ = writeln!(s, "  {:<8} {what} {line}", "");
+            }
+        }
     }
     super::save(
         out,
@@ -545,67 +562,4 @@ async fn paths(
         r.added_p99_ms = r.p99_ms - b99;
     }
     Ok(results)
-}
-
-/// Measures every path `rounds` times, the paths taking turns within each
-/// round, so that a slow drift of the machine's load (it is shared) falls on
-/// all of them alike; each figure is the median of its rounds (peak RSS: the
-/// highest), and every round's top rate is kept.
-async fn rounds_of(
-    specs: &[(String, Target, Vec<u32>)],
-    rounds: usize,
-    rate: f64,
-    duration: Duration,
-    generator: &Generator,
-) -> anyhow::Result<Vec<PathResult>> {
-    let mut by_path: Vec<Vec<PathResult>> = vec![Vec::new(); specs.len()];
-    for round in 0..rounds {
-        if rounds > 1 {
-            println!("  round {} of {rounds}", round + 1);
-        }
-        for (i, (name, target, pids)) in specs.iter().enumerate() {
-            by_path[i].push(measure(name, target.clone(), pids, rate, duration, generator).await?);
-        }
-    }
-    Ok(by_path.into_iter().map(combine).collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// One path's rounds as one result.
-fn combine(rounds: Vec<PathResult>) -> PathResult {
-    let of = |f: fn(&PathResult) -> f64| median(rounds.iter().map(f).collect());
-    let opt = |f: fn(&PathResult) -> Option<f64>| {
-        let v: Vec<f64> = rounds.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| median(v))
-    };
-    PathResult {
-        path: rounds.first().map(|r| r.path.clone()).unwrap_or_default(),
-        p50_ms: of(|r| r.p50_ms),
-        p99_ms: of(|r| r.p99_ms),
-        added_p50_ms: 0.0,
-        added_p99_ms: 0.0,
-        errors: rounds.iter().map(|r| r.errors).sum(),
-        max_rps: of(|r| r.max_rps),
-        cpu_s_per_1000: opt(|r| r.cpu_s_per_1000),
-        cpu_us_per_request_saturated: opt(|r| r.cpu_us_per_request_saturated),
-        // The first round's: at the fixed rate, before any saturation (the
-        // high-water mark keeps the saturated rounds' peak after them).
-        peak_rss_mib: rounds.first().and_then(|r| r.peak_rss_mib),
-        peak_rss_overall_mib: rounds
-            .iter()
-            .filter_map(|r| r.peak_rss_mib)
-            .reduce(f64::max),
-        max_rps_rounds: rounds.iter().map(|r| r.max_rps).collect(),
-        p50_ms_rounds: rounds.iter().map(|r| r.p50_ms).collect(),
-        p99_ms_rounds: rounds.iter().map(|r| r.p99_ms).collect(),
-    }
 }

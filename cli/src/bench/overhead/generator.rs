@@ -226,5 +226,8 @@ pub(super) async fn measure(
         max_rps_rounds: vec![max_rps],
         p50_ms_rounds: vec![fixed.p50_ms],
         p99_ms_rounds: vec![fixed.p99_ms],
+        // Filled from each round's figure when the rounds are combined.
+        cpu_s_per_1000_rounds: Vec::new(),
+        cpu_us_per_request_saturated_rounds: Vec::new(),
     })
 }

@@ -18,6 +18,11 @@ pub struct Paired {
     pub p50_diff_ms: Vec<f64>,
     /// Sidecar p99 - peer p99 at the fixed rate, per round, ms.
     pub p99_diff_ms: Vec<f64>,
+    /// Sidecar CPU / peer CPU per request at the fixed rate, per round
+    /// (empty when either has no CPU figure).
+    pub cpu_ratio: Vec<f64>,
+    /// Sidecar CPU / peer CPU per request at saturation, per round.
+    pub cpu_saturated_ratio: Vec<f64>,
 }
 
 /// The one-sidecar path against every peer path in `results`.
@@ -35,6 +40,16 @@ pub(super) fn paired(results: &[PathResult]) -> Vec<Paired> {
         }),
         p50_diff_ms: per_round(&ours.p50_ms_rounds, &theirs.p50_ms_rounds, |s, p| s - p),
         p99_diff_ms: per_round(&ours.p99_ms_rounds, &theirs.p99_ms_rounds, |s, p| s - p),
+        cpu_ratio: per_round(
+            &ours.cpu_s_per_1000_rounds,
+            &theirs.cpu_s_per_1000_rounds,
+            |s, p| s / p.max(1e-9),
+        ),
+        cpu_saturated_ratio: per_round(
+            &ours.cpu_us_per_request_saturated_rounds,
+            &theirs.cpu_us_per_request_saturated_rounds,
+            |s, p| s / p.max(1e-9),
+        ),
     };
     let peers: Vec<&PathResult> = results
         .iter()
