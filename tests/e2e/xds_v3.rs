@@ -271,7 +271,8 @@ async fn proxyless_grpc_balances_by_round_robin_weights_and_ring_hash() {
     // a locality of its own, and gRPC's weighted_target picks a locality at
     // random by weight, so each count is binomial: within 4.5 standard
     // deviations (5.0 points for 50%, 4.4 for 25%; a false failure about
-    // once in 50,000 runs over the three counts), and 1:1:1 (weights ignored) is 17 points off.
+    // once in 50,000 runs over the three counts), and 1:1:1 (weights
+    // ignored) is 17 points off.
     rule(
         &net,
         &format!(
