@@ -2,9 +2,9 @@
 //!
 //! Each endpoint keeps a short stack of idle connections per event loop. A
 //! request takes one of its loop's, else dials a new one, and its response
-//! body gives it back to the loop that opened it once read to the end, unless the connection has carried
-//! `max_requests_per_connection` requests or lived past the maximum
-//! duration. Idle connections older than the idle timeout or the maximum
+//! body gives it back to the loop that opened it once read to the end,
+//! unless the connection has carried `max_requests_per_connection` requests
+//! or lived past the maximum duration. Idle connections older than the idle timeout or the maximum
 //! duration are closed by [`ConnPool::sweep`] and skipped at checkout.
 //! Each stack's lock guards only a push or a pop, never an await, and with a
 //! stack per loop (on its own cache line) the loops do not contend for it.
