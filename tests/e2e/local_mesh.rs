@@ -214,6 +214,24 @@ async fn seed_walkthrough_up_curl_apply_get() {
         get(net.addr(254, 15014), "x", "/healthz").await.is_err(),
         "control plane still answers after stop"
     );
+    // Each sidecar and the gateway were stopped as Kubernetes stops a pod
+    // (SIGTERM, then a drain), not killed: each says so last in its log.
+    let logs = std::fs::read_dir(net.dir.join("home/logs")).expect("logs");
+    let mut proxies = 0;
+    for log in logs.map(|e| e.expect("log").path()) {
+        let name = log
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if name.ends_with(".sidecar.log") || name == "ingress-gateway.log" {
+            proxies += 1;
+            let text = std::fs::read_to_string(&log).expect("log");
+            let last = text.lines().last().unwrap_or_default();
+            assert!(last.contains("sidecar stopped"), "{name} ends with: {last}");
+        }
+    }
+    assert!(proxies >= 4, "{proxies} proxy logs");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// How long [`Mesh::stop`] waits after SIGTERM before SIGKILL: a sidecar's
+/// default drain (`--drain`, 5 s) and a second to exit.
+pub const STOP_GRACE: Duration = Duration::from_secs(6);
+
 impl Mesh {
     pub(super) fn spawn(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
         let std = cmd.as_std();
@@ -191,13 +195,30 @@ impl Mesh {
             .and_then(|p| p.child.id())
     }
 
-    /// Kills every process and waits for them.
+    /// Stops every process as Kubernetes stops a pod: SIGTERM (and SIGCONT,
+    /// for one a test has stopped), so that each shuts down cleanly (a
+    /// sidecar drains its requests in flight; a build instrumented for
+    /// `scripts/pgo-build.sh` writes its profile), then SIGKILL for any still
+    /// running after [`STOP_GRACE`].
     pub async fn stop(mut self) {
-        for p in &mut self.children {
-            let _ = p.child.start_kill();
+        for p in &self.children {
+            if let Some(pid) = p.child.id() {
+                let _ = send_signal(pid, "TERM", &p.name);
+                let _ = send_signal(pid, "CONT", &p.name);
+            }
         }
-        for p in &mut self.children {
-            let _ = p.child.wait().await;
+        let exited = async {
+            for p in &mut self.children {
+                let _ = p.child.wait().await;
+            }
+        };
+        if tokio::time::timeout(STOP_GRACE, exited).await.is_err() {
+            for p in &mut self.children {
+                let _ = p.child.start_kill();
+            }
+            for p in &mut self.children {
+                let _ = p.child.wait().await;
+            }
         }
         let _ = std::fs::remove_file(self.home.join("mesh.json"));
     }
