@@ -339,12 +339,11 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
     assert_eq!(svc["spec"]["ports"][0]["nodePort"], 30000);
 }
 
-#[test]
-fn quickstart_script_is_sound_shell() {
-    let script = root().join("deploy/kind/quickstart.sh");
+/// `bash -n` and, where it is installed, shellcheck pass on `script`.
+fn assert_sound_shell(script: &std::path::Path) {
     let out = Command::new("bash")
         .arg("-n")
-        .arg(&script)
+        .arg(script)
         .output()
         .expect("bash runs");
     assert!(
@@ -352,7 +351,7 @@ fn quickstart_script_is_sound_shell() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    match Command::new("shellcheck").arg(&script).output() {
+    match Command::new("shellcheck").arg(script).output() {
         Ok(out) => assert!(
             out.status.success(),
             "shellcheck: {}{}",
@@ -361,6 +360,46 @@ fn quickstart_script_is_sound_shell() {
         ),
         Err(_) => println!("shellcheck is not installed; checked with bash -n only"),
     }
+}
+
+/// The PGO build script (run whole by `.ci/run`): sound shell, its usage
+/// from `--help`, and a clear error for an argument it does not know.
+#[test]
+fn pgo_build_script_is_sound_shell_and_says_what_it_takes() {
+    let script = root().join("scripts/pgo-build.sh");
+    assert_sound_shell(&script);
+    let help = Command::new("bash")
+        .arg(&script)
+        .arg("--help")
+        .output()
+        .expect("bash runs");
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{text}");
+    assert!(
+        text.starts_with("Builds the sidecar with profile-guided optimisation"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bash scripts/pgo-build.sh [--out DIR] [--network A.B.C.0]"),
+        "{text}"
+    );
+    assert!(!text.contains("set -euo"), "{text}");
+    let bad = Command::new("bash")
+        .arg(&script)
+        .arg("--fast")
+        .output()
+        .expect("bash runs");
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr),
+        "pgo-build: unknown argument '--fast' (see --help)\n"
+    );
+}
+
+#[test]
+fn quickstart_script_is_sound_shell() {
+    let script = root().join("deploy/kind/quickstart.sh");
+    assert_sound_shell(&script);
     let text = std::fs::read_to_string(&script).expect("script");
     for step in [
         "kind create cluster --config deploy/kind/cluster.yaml",
