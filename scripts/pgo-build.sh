@@ -43,6 +43,7 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
+command -v curl >/dev/null || { echo "pgo-build: needs curl (the training sends requests with it)" >&2; exit 1; }
 major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 host=$(rustc -vV | sed -n 's/^host: //p')
 profdata=""
@@ -86,23 +87,28 @@ prefix=${network%.0}
   >"$out/train/mesh.log" 2>&1 &
 mesh=$!
 trap 'kill -INT "$mesh" 2>/dev/null || true' EXIT
+ready=0
 for _ in $(seq 60); do
-  curl -fso /dev/null -H "Host: echo" "http://$prefix.252:30000/" && break
+  if curl -fso /dev/null -H "Host: echo" "http://$prefix.252:30000/"; then ready=1; break; fi
   kill -0 "$mesh" 2>/dev/null || { echo "pgo-build: the training mesh exited (see $out/train/mesh.log)" >&2; exit 1; }
   sleep 1
 done
+if [ "$ready" != 1 ]; then
+  echo "pgo-build: the training mesh's ingress did not answer 200 within 60 s (see $out/train/mesh.log)" >&2
+  exit 1
+fi
 head -c 768 /dev/urandom | base64 -w0 >"$out/train/body.json"
 post() { # URL: 50,000 POSTs, failing unless each is answered 200
-  local failed
-  failed=$(curl -s --no-progress-meter -o /dev/null -w '%{http_code}\n' --parallel --parallel-max 10 \
+  local ok
+  ok=$(curl -s --no-progress-meter -o /dev/null -w '%{http_code}\n' --parallel --parallel-max 10 \
     -X POST --data-binary "@$out/train/body.json" -H "Host: echo" \
     -H "Content-Type: application/json" -H "Accept: application/json" \
     -H "Authorization: Bearer $(head -c 600 /dev/zero | tr '\0' a)" \
     -H "Cookie: session=$(head -c 200 /dev/zero | tr '\0' b)" \
     -H "X-Request-Id: 4f1c2a9e-77d0-4b1e-9d6a-3c5f0e2b8a11" \
-    "$1?page=[1-50000]" | grep -vc '^200$' || true)
-  if [ "$failed" != 0 ]; then
-    echo "pgo-build: $failed of 50,000 POSTs to $1 were not answered 200 (see $out/train/mesh)" >&2
+    "$1?page=[1-50000]" | grep -c '^200$' || true)
+  if [ "$ok" != 50000 ]; then
+    echo "pgo-build: $((50000 - ok)) of 50,000 POSTs to $1 were not answered 200 (see $out/train/mesh)" >&2
     exit 1
   fi
 }
