@@ -10,6 +10,7 @@ pub mod v1 {
 }
 
 pub mod admin;
+pub mod capture;
 pub mod duration;
 pub mod headers;
 pub mod latency;
