@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use minimesh_proto::v1::{
     self, hash_key, Cluster, ClusterLoadAssignment, Endpoint, HashKey, HealthStatus, LbPolicy,
-    PortCluster, Route, UpstreamProtocol,
+    PortCluster, PortProtocol, Route, UpstreamProtocol,
 };
 use serde::Serialize;
 
@@ -112,6 +112,44 @@ pub fn port_protocol(port: &ServicePort) -> UpstreamProtocol {
         UpstreamProtocol::Http2
     } else {
         UpstreamProtocol::Http1
+    }
+}
+
+/// How a sidecar proxies a captured connection to a Service port, by
+/// Istio's protocol selection: the port's `appProtocol`, else its name's
+/// `<protocol>[-<suffix>]` prefix. HTTP of every version (and gRPC) is
+/// balanced per request; the protocols Istio treats as opaque TCP per
+/// connection; anything else is detected from the client's first bytes.
+pub fn port_kind(port: &ServicePort) -> PortProtocol {
+    let declared = match (&port.app_protocol, &port.name) {
+        (Some(app), _) => app.as_str(),
+        (None, Some(name)) => name.split('-').next().unwrap_or_default(),
+        (None, None) => "",
+    };
+    const HTTP: [&str; 7] = [
+        "http",
+        "http2",
+        "grpc",
+        "grpc-web",
+        "kubernetes.io/h2c",
+        "kubernetes.io/ws",
+        "h2c",
+    ];
+    const TCP: [&str; 7] = [
+        "tcp",
+        "tls",
+        "https",
+        "mongo",
+        "mysql",
+        "redis",
+        "kubernetes.io/wss",
+    ];
+    if HTTP.iter().any(|p| declared.eq_ignore_ascii_case(p)) {
+        PortProtocol::Http
+    } else if TCP.iter().any(|p| declared.eq_ignore_ascii_case(p)) {
+        PortProtocol::Tcp
+    } else {
+        PortProtocol::Detect
     }
 }
 
@@ -234,6 +272,12 @@ pub fn translate(
             namespace: skey.namespace.clone(),
             ports: vec![],
             default_port: 0,
+            cluster_ips: svc
+                .spec
+                .virtual_ips()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         };
         let tcp_ports: Vec<_> = svc
             .spec
@@ -344,6 +388,7 @@ pub fn translate(
             route.ports.push(PortCluster {
                 port: port.port.into(),
                 cluster: name.clone(),
+                protocol: port_kind(port) as i32,
             });
             out.clusters.insert(name, cluster);
         }
@@ -653,5 +698,52 @@ mod tests {
         ] {
             assert_eq!(port_protocol(&port(name, app)), want, "{name:?} {app:?}");
         }
+    }
+
+    #[test]
+    fn captured_ports_are_http_tcp_or_detected_as_istio_selects_them() {
+        let port = |name: Option<&str>, app: Option<&str>| ServicePort {
+            name: name.map(str::to_string),
+            port: 80,
+            target_port: None,
+            protocol: None,
+            app_protocol: app.map(str::to_string),
+        };
+        let (http, tcp, detect) = (PortProtocol::Http, PortProtocol::Tcp, PortProtocol::Detect);
+        for (name, app, want) in [
+            (None, None, detect),
+            (Some("web"), None, detect),
+            (Some("http"), None, http),
+            (Some("http-web"), None, http),
+            (Some("HTTP2"), None, http),
+            (Some("grpc-api"), None, http),
+            (Some("tcp-db"), None, tcp),
+            (Some("tls"), None, tcp),
+            (Some("https"), None, tcp),
+            (Some("mysql"), None, tcp),
+            (Some("httpx"), None, detect),
+            (Some("web"), Some("kubernetes.io/h2c"), http),
+            // appProtocol wins over the name.
+            (Some("http"), Some("tcp"), tcp),
+            (Some("tcp"), Some("grpc"), http),
+            (Some("http"), Some("custom"), detect),
+        ] {
+            assert_eq!(port_kind(&port(name, app)), want, "{name:?} {app:?}");
+        }
+    }
+
+    #[test]
+    fn routes_carry_the_services_cluster_ips() {
+        let spec: crate::config::kube::ServiceSpec = serde_json::from_value(serde_json::json!({
+            "clusterIP": "198.19.0.10",
+            "clusterIPs": ["198.19.0.10", "fd00::10"],
+            "ports": [{"port": 80}]
+        }))
+        .expect("spec");
+        let ips: Vec<String> = spec.virtual_ips().iter().map(ToString::to_string).collect();
+        assert_eq!(ips, ["198.19.0.10", "fd00::10"]);
+        let headless: crate::config::kube::ServiceSpec =
+            serde_json::from_value(serde_json::json!({"clusterIP": "None"})).expect("spec");
+        assert!(headless.virtual_ips().is_empty());
     }
 }

@@ -34,8 +34,10 @@ fn mesh(services: usize) -> Resources {
             ports: vec![PortCluster {
                 port: 80,
                 cluster: name,
+                ..Default::default()
             }],
             default_port: 80,
+            ..Default::default()
         });
     }
     let mut r = Resources::default();

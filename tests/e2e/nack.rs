@@ -94,8 +94,10 @@ impl AggregatedDiscoveryService for Scripted {
                             ports: vec![PortCluster {
                                 port: 80,
                                 cluster: CLUSTER.into(),
+                                ..Default::default()
                             }],
                             default_port: 80,
+                            ..Default::default()
                         };
                         let _ = tx
                             .send(resp(ROUTE_TYPE, "1", to_any(ROUTE_TYPE, &route)))

@@ -61,6 +61,33 @@ pub struct ServiceSpec {
     /// Ports of the service.
     #[serde(default, deserialize_with = "null_as_empty")]
     pub ports: Vec<ServicePort>,
+    /// The virtual IP callers connect to (`None` for a headless Service).
+    #[serde(default, rename = "clusterIP", skip_serializing_if = "Option::is_none")]
+    pub cluster_ip: Option<String>,
+    /// Every cluster IP of a dual-stack Service (the first is `clusterIP`).
+    #[serde(
+        default,
+        rename = "clusterIPs",
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub cluster_ips: Vec<String>,
+}
+
+impl ServiceSpec {
+    /// The Service's cluster IPs that are addresses (not `None`, headless),
+    /// `clusterIP` first, without repeats.
+    pub fn virtual_ips(&self) -> Vec<std::net::IpAddr> {
+        let mut ips: Vec<std::net::IpAddr> = Vec::new();
+        for ip in self.cluster_ip.iter().chain(&self.cluster_ips) {
+            if let Ok(ip) = ip.parse() {
+                if !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+        ips
+    }
 }
 
 /// One port of a Service.

@@ -22,6 +22,11 @@ pub const INBOUND_PORT_ANNOTATION: &str = "minimesh.io/inbound-port";
 /// The injector's inbound port when the annotation names none.
 pub const DEFAULT_INBOUND_PORT: u16 = 9090;
 
+/// The pod annotation saying its connections are captured (the injector's,
+/// and `minimesh up --capture`'s): every inbound port the capture rules
+/// take goes through its sidecar.
+pub const CAPTURE_ANNOTATION: &str = "minimesh.io/capture";
+
 /// A `PeerAuthentication` (`security.istio.io/v1` or minimesh's group).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -160,6 +165,26 @@ impl Pod {
             .get(INBOUND_PORT_ANNOTATION)
             .and_then(|p| p.parse().ok())
             .unwrap_or(DEFAULT_INBOUND_PORT)
+    }
+
+    /// When its connections are captured, which inbound ports its sidecar
+    /// takes (from Istio's `traffic.sidecar.istio.io/*` annotations, as its
+    /// init step read them); None when only its inbound port is the sidecar's.
+    pub fn capture(&self) -> Option<minimesh_proto::capture::CaptureSettings> {
+        if self
+            .metadata
+            .annotations
+            .get(CAPTURE_ANNOTATION)
+            .map(String::as_str)
+            != Some("enabled")
+        {
+            return None;
+        }
+        let annotations = self.metadata.annotations.iter();
+        minimesh_proto::capture::CaptureSettings::from_annotations(
+            annotations.map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .ok()
     }
 
     /// Every address of the pod.

@@ -9,21 +9,45 @@ use crate::config::rule::TlsMode;
 use crate::config::security::ROOT_NAMESPACE;
 use crate::store::Store;
 
-/// The sidecar inbound listeners (address, port) of every pod that runs a
-/// sidecar.
-pub fn meshed_ips(store: &Store) -> BTreeSet<(&str, u16)> {
-    store
-        .pods
-        .values()
-        .filter(|p| p.meshed())
-        .flat_map(|p| p.ips().map(move |ip| (ip, p.inbound_port())))
-        .collect()
+/// Where the pods that run a sidecar take connections through it: each
+/// one's inbound listener, and the captured ports of those whose
+/// connections are captured.
+#[derive(Default)]
+pub struct Meshed<'a> {
+    listeners: BTreeSet<(&'a str, u16)>,
+    captured: BTreeMap<&'a str, minimesh_proto::capture::CaptureSettings>,
+}
+
+impl Meshed<'_> {
+    /// True when a connection to `ip:port` reaches a sidecar.
+    pub fn contains(&self, ip: &str, port: u16) -> bool {
+        self.listeners.contains(&(ip, port))
+            || self
+                .captured
+                .get(ip)
+                .is_some_and(|c| c.captures_inbound(port))
+    }
+}
+
+/// Where the store's meshed pods take connections through their sidecars.
+pub fn meshed_ips(store: &Store) -> Meshed<'_> {
+    let mut m = Meshed::default();
+    for p in store.pods.values().filter(|p| p.meshed()) {
+        let capture = p.capture();
+        for ip in p.ips() {
+            m.listeners.insert((ip, p.inbound_port()));
+            if let Some(c) = &capture {
+                m.captured.insert(ip, c.clone());
+            }
+        }
+    }
+    m
 }
 
 /// Marks the endpoints callers speak mutual TLS to: by the rule's
-/// `tls.mode`, or (none) those that are a sidecar's inbound listener (an
-/// endpoint on another port of the pod is its app's own).
-pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &BTreeSet<(&str, u16)>, mode: TlsMode) {
+/// `tls.mode`, or (none) those that reach a sidecar (an endpoint on another
+/// port of a pod whose connections are not captured is its app's own).
+pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &Meshed<'_>, mode: TlsMode) {
     for e in endpoints {
         match mode {
             TlsMode::Disable => {
@@ -40,7 +64,7 @@ pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &BTreeSet<(&str, u16)>, m
             continue;
         };
         let ip = ip.trim_start_matches('[').trim_end_matches(']');
-        e.mtls = port.parse().is_ok_and(|port| meshed.contains(&(ip, port)));
+        e.mtls = port.parse().is_ok_and(|port| meshed.contains(ip, port));
     }
 }
 

@@ -210,6 +210,7 @@ mod tests {
             namespace: "default".into(),
             ports: vec![],
             default_port: 80,
+            ..Default::default()
         };
         assert_eq!(
             dial_names(&route, 50051),
