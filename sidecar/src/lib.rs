@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod balance;
+pub mod capture;
 pub mod clock;
 pub mod coarse_timer;
 pub mod endpoint;
@@ -26,6 +27,7 @@ pub mod pool;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
+pub mod tcp;
 pub mod tls;
 pub mod upstream;
 pub mod xds;
@@ -43,11 +45,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::balance::Policy;
-use crate::endpoint::EndpointState;
 use crate::proxy::Proxy;
-use crate::routing::Balancer;
-use crate::routing::{ClusterHandle, HostAliases, Routing};
+use crate::routing::{HostAliases, Routing};
 
 /// Command-line flags of the `sidecar` binary.
 #[derive(Debug, Clone, Parser)]
@@ -98,6 +97,25 @@ pub struct Args {
     /// Where the app listens, for the inbound listener.
     #[arg(long, env = "MINIMESH_APP_ADDR", requires = "inbound")]
     pub app: Option<SocketAddr>,
+    /// Transparent capture, outbound: the outbound listener also takes the
+    /// app's connections that the pod's capture rules (`sidecar
+    /// init-capture`) redirect to it, and sends each where the app meant
+    /// it to go: a Service address to its cluster, anything else through
+    /// unchanged. A connection dialed to the listener itself is still
+    /// served as an explicit proxy. See docs/capture.md.
+    #[arg(long, env = "MINIMESH_CAPTURE")]
+    pub capture: bool,
+    /// Transparent capture, inbound: the listener the capture rules
+    /// redirect callers' connections to (e.g. `0.0.0.0:15006`); each goes
+    /// to the app on the port the caller dialed, at 127.0.0.1.
+    #[arg(long, env = "MINIMESH_INBOUND_CAPTURE_ADDR")]
+    pub inbound_capture: Option<SocketAddr>,
+    /// How long a captured connection to a port of unknown protocol (no
+    /// `appProtocol`, no protocol name prefix) may take to send its first
+    /// bytes before it is proxied as opaque TCP (Linkerd's detect timeout:
+    /// a protocol whose server speaks first waits this long once).
+    #[arg(long, env = "MINIMESH_PROTOCOL_DETECT_TIMEOUT", default_value = "10s", value_parser = minimesh_proto::duration::parse_positive)]
+    pub protocol_detect_timeout: Duration,
     /// The HTTP version the inbound listener speaks to the app: `client`
     /// (the version the request arrived in: callers' sidecars speak HTTP/2
     /// only to ports declared gRPC or HTTP/2), `http1` or `http2`.
@@ -284,9 +302,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let out_loops = listener::Loops::new(loops);
     let in_loops = listener::Loops::new(loops);
+    let capture_loops = listener::Loops::new(loops);
     let mut listeners = vec![(name, out_loops.clone())];
     if args.inbound.is_some() && args.app.is_some() {
         listeners.push(("inbound", in_loops.clone()));
+    }
+    if args.inbound_capture.is_some() {
+        listeners.push(("inbound-capture", capture_loops.clone()));
+    }
+    if args.capture && args.mode == "gateway" {
+        anyhow::bail!(
+            "--capture is for sidecars: a gateway takes outside traffic on its own address"
+        );
     }
     let admin_listener = TcpListener::bind(args.admin)
         .await
@@ -298,6 +325,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         listeners,
     }
     .register(&mut registry);
+    let capture_metrics = listener::captured::CaptureMetrics::register(&mut registry);
     tokio::spawn(admin::serve(
         admin_listener,
         Arc::new(admin::Admin {
@@ -323,11 +351,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             debug_headers: args.debug_headers,
         }),
     });
+    let out_capture = args.capture.then(|| {
+        Arc::new(listener::captured::Capture::new(
+            listener::captured::Side::Outbound,
+            args.protocol_detect_timeout,
+            args.connect_timeout,
+            None,
+            capture_metrics.clone(),
+        ))
+    });
     serve_on_loops(
         name,
         outbound,
         out_loops,
-        out_proxy,
+        (out_proxy, out_capture),
         &stop_rx,
         args.drain,
         &mut servers,
@@ -336,37 +373,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let (Some(inbound), Some(app)) = (args.inbound, args.app) {
         let listener = bind_reuseport(inbound, loops)
             .with_context(|| format!("binding inbound address {inbound}"))?;
-        let app_cluster = Arc::new(ClusterHandle {
-            name: "inbound|app".into(),
-            hash: None,
-            balancer: Balancer::new(
-                Policy::LeastRequest,
-                0,
-                vec![(EndpointState::new(app, args.workload.clone()), 1)],
-            ),
-            // No retries to the app: it is the pod's only endpoint, and a
-            // dead one is the caller's sidecar's to route around, at once
-            // (the 503 says whether the app saw the request).
-            retry_attempts: 0,
-            timeout: None,
-            per_try_timeout: None,
-            budget: Arc::new(retry::Budget::new(20, 10)),
-            pick_ns: Default::default(),
-            outlier: None,
-            max_requests: 0,
-            retry_on: retry::Conditions::new(
-                minimesh_proto::v1::RetryOn::ConnectFailure as u32,
-                &[],
-            ),
-            inflight: Default::default(),
-            max_retries: 0,
-            retries_inflight: Default::default(),
-            pool: pool_defaults,
-            rule: String::new(),
-            protocol: args.app_protocol,
-            local_app: true,
-            weights: std::collections::HashMap::from([(app, 1)]),
-        });
+        let app_cluster =
+            routing::app_cluster(app, &args.workload, args.app_protocol, pool_defaults);
         let table = Routing::only(app_cluster);
         let in_proxy = Arc::new(Proxy {
             routing: Arc::new(ArcSwap::from_pointee(table)),
@@ -381,7 +389,46 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "inbound",
             listener,
             in_loops,
-            in_proxy,
+            (in_proxy, None),
+            &stop_rx,
+            args.drain,
+            &mut servers,
+        )?;
+    }
+
+    if let Some(addr) = args.inbound_capture {
+        let listener = bind_reuseport(addr, loops)
+            .with_context(|| format!("binding inbound capture address {addr}"))?;
+        let template = listener::captured::AppTemplate {
+            workload: args.workload.clone(),
+            protocol: args.app_protocol,
+            pool: pool_defaults,
+            client_idle_timeout: nonzero(args.client_idle_timeout),
+            head_limits,
+        };
+        let capture = Arc::new(listener::captured::Capture::new(
+            listener::captured::Side::Inbound,
+            args.protocol_detect_timeout,
+            args.connect_timeout,
+            Some(template),
+            capture_metrics.clone(),
+        ));
+        // Each connection goes to the app's proxy for its port (the
+        // capture's); this one only carries the listener's settings.
+        let proxy = Arc::new(Proxy {
+            routing: Arc::new(ArcSwap::from_pointee(Routing::default())),
+            ready: Arc::new(AtomicBool::new(true)),
+            trust_forwarded_for: false,
+            client_idle_timeout: nonzero(args.client_idle_timeout),
+            head_limits,
+            inbound: true,
+            edge: None,
+        });
+        serve_on_loops(
+            "inbound-capture",
+            listener,
+            capture_loops,
+            (proxy, Some(capture)),
             &stop_rx,
             args.drain,
             &mut servers,
@@ -456,7 +503,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         token_file: args.token_file.clone(),
     };
     let xds_task = tokio::spawn(xds.run());
-    info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, admin = %args.admin, xds = args.xds_addr, "sidecar started");
+    info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, capture = args.capture, inbound_capture = ?args.inbound_capture, admin = %args.admin, xds = args.xds_addr, "sidecar started");
 
     shutdown_signal().await;
     info!("shutting down: draining requests in flight");
@@ -550,7 +597,7 @@ fn serve_on_loops(
     name: &'static str,
     sockets: Vec<tokio::net::TcpSocket>,
     loops: Arc<listener::Loops>,
-    proxy: Arc<Proxy>,
+    (proxy, capture): (Arc<Proxy>, Option<Arc<listener::captured::Capture>>),
     stop: &watch::Receiver<bool>,
     drain: std::time::Duration,
     servers: &mut Vec<tokio::task::JoinHandle<()>>,
@@ -558,10 +605,11 @@ fn serve_on_loops(
     const BACKLOG: u32 = 1024;
     for (i, socket) in sockets.into_iter().enumerate() {
         let (proxy, stop, loops) = (proxy.clone(), stop.clone(), loops.clone());
+        let capture = capture.clone();
         if i == 0 {
             let listener = socket.listen(BACKLOG)?;
             servers.push(tokio::spawn(listener::serve(
-                name, listener, proxy, stop, drain, loops, i,
+                name, listener, proxy, capture, stop, drain, loops, i,
             )));
             continue;
         }
@@ -578,7 +626,7 @@ fn serve_on_loops(
                 };
                 rt.block_on(async move {
                     match socket.listen(BACKLOG) {
-                        Ok(listener) => listener::serve(name, listener, proxy, stop, drain, loops, i).await,
+                        Ok(listener) => listener::serve(name, listener, proxy, capture, stop, drain, loops, i).await,
                         Err(e) => tracing::warn!(listener = name, error = %e, "cannot listen"),
                     }
                 });

@@ -15,8 +15,12 @@ use tracing::{debug, info, warn};
 
 use crate::proxy::Proxy;
 
+pub mod captured;
+mod detect;
 mod drain;
+mod orig_dst;
 mod sniff;
+use captured::Capture;
 use drain::{Drain, Drained, Graceful};
 use sniff::Speaks;
 
@@ -95,6 +99,8 @@ struct Serving {
     loops: Arc<Loops>,
     me: usize,
     coarse: bool,
+    /// The listener takes captured connections.
+    capture: Option<Arc<Capture>>,
 }
 
 /// How long an inbound connection may take to send its first byte and
@@ -115,6 +121,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
         loops,
         me,
         coarse,
+        capture,
     } = on;
     let (me, coarse) = (*me, *coarse);
     loops.open[me].fetch_add(1, Ordering::Relaxed);
@@ -124,6 +131,20 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
     let counted = drain.count();
     let mut shutdown = shutdown.clone();
     let proxy = proxy.clone();
+    if let Some(capture) = capture {
+        let serving = Conn {
+            counted,
+            peer,
+            shutdown,
+            coarse,
+        };
+        let capture = capture.clone();
+        tokio::spawn(async move {
+            let _open = open;
+            captured::serve(stream, proxy, capture, serving).await;
+        });
+        return;
+    }
     tokio::spawn(async move {
         let _open = open;
         let io = if inbound {
@@ -156,23 +177,57 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
             }
             _ => Speaks::Unsure,
         };
-        // A plaintext inbound connection (PERMISSIVE) ends when the mode
-        // becomes STRICT, as at shutdown.
-        let until_strict = (inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
-        let io = TokioIo::new(io);
-        let config = Config::of(&proxy, coarse);
-        let svc = hyper::service::service_fn(move |req| proxy.handle(req, peer));
-        match speaks {
-            Speaks::Http1 => {
-                let conn = config.http1().serve_connection(io, svc);
-                run(conn, counted, peer, until_strict).await;
-            }
-            Speaks::Http2 | Speaks::Unsure => {
-                let conn = config.auto().serve_connection(io, svc).into_owned();
-                run(conn, counted, peer, until_strict).await;
-            }
-        }
+        let conn = Conn {
+            counted,
+            peer,
+            shutdown,
+            coarse,
+        };
+        serve_http(io, speaks, proxy, None, conn).await;
     });
+}
+
+/// What serving one connection takes besides the connection and its proxy.
+struct Conn {
+    counted: drain::Counted,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+    coarse: bool,
+}
+
+/// Serves HTTP on `io` with `proxy`, in the version `speaks` says; `dst`,
+/// a captured connection's original destination, routes each request to
+/// that Service address's cluster.
+async fn serve_http(
+    io: crate::tls::Io,
+    speaks: Speaks,
+    proxy: Arc<Proxy>,
+    dst: Option<SocketAddr>,
+    conn: Conn,
+) {
+    let Conn {
+        counted,
+        peer,
+        shutdown,
+        coarse,
+    } = conn;
+    // A plaintext inbound connection (PERMISSIVE) ends when the mode
+    // becomes STRICT, as at shutdown.
+    let until_strict =
+        (proxy.inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
+    let io = TokioIo::new(io);
+    let config = Config::of(&proxy, coarse);
+    let svc = hyper::service::service_fn(move |req| proxy.handle_to(req, peer, dst));
+    match speaks {
+        Speaks::Http1 => {
+            let conn = config.http1().serve_connection(io, svc);
+            run(conn, counted, peer, until_strict).await;
+        }
+        Speaks::Http2 | Speaks::Unsure => {
+            let conn = config.auto().serve_connection(io, svc).into_owned();
+            run(conn, counted, peer, until_strict).await;
+        }
+    }
 }
 
 /// How a loop's hyper servers are set up. hyper's header read timeout runs
@@ -310,10 +365,12 @@ fn hand_over(
 /// Accepts connections on `listener` (HTTP/1.1 and HTTP/2 cleartext), as
 /// loop `me` of `loops`, until `shutdown` turns true, then lets requests in
 /// flight finish (up to `drain`).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
     proxy: Arc<Proxy>,
+    capture: Option<Arc<Capture>>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
     loops: Arc<Loops>,
@@ -332,6 +389,7 @@ pub async fn serve(
         loops: loops.clone(),
         me,
         coarse,
+        capture,
     };
     let (tx, mut handed) = mpsc::unbounded_channel::<Handoff>();
     *loops.handoff[me].lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);

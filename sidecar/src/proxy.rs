@@ -119,13 +119,26 @@ impl Proxy {
     // of instructions (BENCHMARKS.md, "The gateway's request path").
     pub fn handle(
         &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+        self.handle_to(req, peer, None)
+    }
+
+    /// Handles one request from `peer` as [`Proxy::handle`] does; on a
+    /// captured connection, `dst` is where the app sent it: a Service
+    /// address routes the request to that Service port's cluster, whatever
+    /// its Host says (which goes to the endpoint unchanged).
+    pub fn handle_to(
+        &self,
         mut req: Request<Incoming>,
         peer: SocketAddr,
+        dst: Option<SocketAddr>,
     ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
         if let Some(edge) = &self.edge {
             edge.inward(&mut req);
         }
-        match self.route(req, peer) {
+        match self.route(req, peer, dst) {
             Ok(routed) => futures_util::future::Either::Left(forward(self.edge, routed)),
             Err(answer) => {
                 let answer = answer_to(self.edge, answer);
@@ -143,6 +156,7 @@ impl Proxy {
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
+        dst: Option<SocketAddr>,
     ) -> Result<Routed, Response<ResponseBody>> {
         let start = tokio::time::Instant::now();
         crate::clock::advance(start);
@@ -156,9 +170,9 @@ impl Proxy {
         // per request; dropped once the cluster is cloned out.
         let routing = self.routing.load();
         let authority = request_authority(&req);
-        let Some(cluster) = authority
-            .as_ref()
-            .and_then(|a| routing.lookup(a.as_str()))
+        let by_dst = dst.and_then(|d| routing.destination(&d)).map(|(c, _)| c);
+        let Some(cluster) = by_dst
+            .or_else(|| authority.as_ref().and_then(|a| routing.lookup(a.as_str())))
             .or(routing.fallback.as_ref())
         else {
             if !self.ready.load(Ordering::Relaxed) {

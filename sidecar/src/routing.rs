@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use minimesh_proto::v1::{
-    Cluster, ClusterLoadAssignment, HealthStatus, Node, Route, UpstreamProtocol,
+    Cluster, ClusterLoadAssignment, HealthStatus, Node, PortProtocol, Route, UpstreamProtocol,
 };
 
 use crate::balance::Policy;
@@ -114,6 +114,46 @@ impl ClusterHandle {
     }
 }
 
+/// The inbound side's cluster: the pod's own app at `addr`, its one
+/// endpoint. No retries to the app: it is the pod's only endpoint, and a
+/// dead one is the caller's sidecar's to route around, at once (the 503
+/// says whether the app saw the request).
+pub fn app_cluster(
+    addr: SocketAddr,
+    workload: &str,
+    protocol: UpstreamProtocol,
+    pool: PoolSettings,
+) -> Arc<ClusterHandle> {
+    Arc::new(ClusterHandle {
+        name: "inbound|app".into(),
+        hash: None,
+        balancer: Balancer::new(
+            Policy::LeastRequest,
+            0,
+            vec![(EndpointState::new(addr, workload.to_string()), 1)],
+        ),
+        retry_attempts: 0,
+        timeout: None,
+        per_try_timeout: None,
+        budget: Arc::new(crate::retry::Budget::new(20, 10)),
+        pick_ns: Default::default(),
+        outlier: None,
+        max_requests: 0,
+        retry_on: crate::retry::Conditions::new(
+            minimesh_proto::v1::RetryOn::ConnectFailure as u32,
+            &[],
+        ),
+        inflight: Default::default(),
+        max_retries: 0,
+        retries_inflight: Default::default(),
+        pool,
+        rule: String::new(),
+        protocol,
+        local_app: true,
+        weights: HashMap::from([(addr, 1)]),
+    })
+}
+
 /// Immutable routing table.
 #[derive(Default)]
 pub struct Routing {
@@ -121,6 +161,9 @@ pub struct Routing {
     /// index in `handles`. Shared by the tables built while the routes and
     /// the set of clusters stay the same (an endpoint change does not touch it).
     hosts: Arc<HostMap>,
+    /// Service addresses (`<cluster IP>:<port>`) -> index in `handles`
+    /// and how a captured connection to it is proxied.
+    destinations: Arc<DestinationMap>,
     /// Clusters in name order, as `hosts` indexes them.
     handles: Vec<Arc<ClusterHandle>>,
     /// Clusters by name.
@@ -144,6 +187,20 @@ impl Routing {
         found
             .and_then(|i| self.handles.get(*i as usize))
             .or(self.fallback.as_ref())
+    }
+
+    /// The cluster of a Service address a captured connection was sent to
+    /// (`<cluster IP>:<port>`), and how to proxy it; None for an address
+    /// that is no Service's (passed through to it).
+    #[inline]
+    pub fn destination(&self, addr: &SocketAddr) -> Option<(&Arc<ClusterHandle>, PortProtocol)> {
+        let &(i, kind) = self.destinations.get(addr)?;
+        Some((self.handles.get(i as usize)?, kind))
+    }
+
+    /// How many Service addresses captured connections are routed by.
+    pub fn destination_count(&self) -> usize {
+        self.destinations.len()
     }
 
     /// A table that sends every request to `cluster` (the inbound side).
@@ -188,6 +245,7 @@ pub struct Resources {
     built: BTreeMap<String, Built>,
     /// The last build's host map and fallback (indexes in name order).
     built_hosts: Arc<HostMap>,
+    built_destinations: Arc<DestinationMap>,
     built_fallback: Option<u32>,
     inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
     retries_inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
@@ -516,6 +574,7 @@ impl Resources {
         if !(same_inputs && same_clusters && !self.routes_changed) {
             let (hosts, fallback) = host_map(&self.routes, &clusters, node, aliases);
             self.built_hosts = Arc::new(hosts);
+            self.built_destinations = Arc::new(destination_map(&self.routes, &clusters));
             self.built_fallback = fallback;
             self.routes_changed = false;
         }
@@ -528,6 +587,7 @@ impl Resources {
         self.built_for = Some(built_for);
         Routing {
             hosts: self.built_hosts.clone(),
+            destinations: self.built_destinations.clone(),
             handles,
             clusters,
             fallback,
@@ -590,6 +650,40 @@ fn host_map(
     (hosts, fallback)
 }
 
+/// Service addresses to cluster indexes (in name order) and port protocols.
+type DestinationMap = HashMap<SocketAddr, (u32, PortProtocol)>;
+
+/// Every route's `<cluster IP>:<port>` to the index of that port's cluster.
+fn destination_map(
+    routes: &BTreeMap<String, Route>,
+    clusters: &BTreeMap<String, Arc<ClusterHandle>>,
+) -> DestinationMap {
+    let index: HashMap<&str, u32> = clusters
+        .keys()
+        .enumerate()
+        .map(|(i, name)| (name.as_str(), i as u32))
+        .collect();
+    let mut map = DestinationMap::new();
+    for r in routes.values() {
+        let ips: Vec<std::net::IpAddr> = r
+            .cluster_ips
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        for pc in &r.ports {
+            let (Some(&c), Ok(port)) = (index.get(pc.cluster.as_str()), u16::try_from(pc.port))
+            else {
+                continue;
+            };
+            let kind = PortProtocol::try_from(pc.protocol).unwrap_or(PortProtocol::Detect);
+            for ip in &ips {
+                map.insert(SocketAddr::new(*ip, port), (c, kind));
+            }
+        }
+    }
+    map
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,8 +722,10 @@ mod tests {
             ports: vec![PortCluster {
                 port: 80,
                 cluster: format!("{service}:80"),
+                ..Default::default()
             }],
             default_port: 80,
+            ..Default::default()
         }
     }
 
@@ -660,6 +756,35 @@ mod tests {
             .iter()
             .map(|e| picks.iter().filter(|p| Arc::ptr_eq(p, e)).count())
             .collect()
+    }
+
+    #[test]
+    fn captured_connections_route_by_service_address_and_port() {
+        let mut res = Resources::default();
+        res.set_clusters([
+            cluster("a", LbPolicy::RoundRobin),
+            cluster("b", LbPolicy::RoundRobin),
+        ]);
+        res.set_endpoints([assignment("a", &[1]), assignment("b", &[1])]);
+        let mut a = route("a");
+        a.cluster_ips = vec!["198.19.0.10".into(), "fd00::10".into(), "None".into()];
+        a.ports[0].protocol = PortProtocol::Http as i32;
+        let mut b = route("b");
+        b.cluster_ips = vec!["198.19.0.11".into()];
+        b.ports[0].protocol = PortProtocol::Tcp as i32;
+        res.set_routes([a, b, route("c")]);
+        let r = res.build(&node(), &HostAliases::default(), &defaults(60));
+        let at = |s: &str| {
+            r.destination(&s.parse().expect("addr"))
+                .map(|(c, k)| (&*c.name, k))
+        };
+        assert_eq!(at("198.19.0.10:80"), Some(("a:80", PortProtocol::Http)));
+        assert_eq!(at("[fd00::10]:80"), Some(("a:80", PortProtocol::Http)));
+        assert_eq!(at("198.19.0.11:80"), Some(("b:80", PortProtocol::Tcp)));
+        // Another port of a Service address, or another address: no Service.
+        assert_eq!(at("198.19.0.10:81"), None);
+        assert_eq!(at("198.18.0.10:80"), None);
+        assert_eq!(r.destination_count(), 3);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub struct Mesh {
     spiffe_id: ArcSwapOption<String>,
     client_h1: Arc<ClientConfig>,
     client_h2: Arc<ClientConfig>,
+    client_tcp: Arc<ClientConfig>,
     server: Arc<ServerConfig>,
 }
 
@@ -127,11 +128,12 @@ impl Mesh {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(clients)
             .with_cert_resolver(resolver.clone());
-        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ALPN_TCP.to_vec()];
         Ok(Mesh {
             trust_domain: trust_domain.to_string(),
             client_h1: client(b"http/1.1")?,
             client_h2: client(b"h2")?,
+            client_tcp: client(ALPN_TCP)?,
             server: Arc::new(server),
             identity,
             spiffe_id: ArcSwapOption::empty(),
@@ -150,9 +152,19 @@ impl Mesh {
         self.spiffe_id.load_full()
     }
 
-    /// A TLS connection to another sidecar's inbound listener at `addr`.
-    pub async fn connect(&self, tcp: TcpStream, addr: SocketAddr, h2: bool) -> std::io::Result<Io> {
-        let config = if h2 { &self.client_h2 } else { &self.client_h1 };
+    /// A TLS connection to another sidecar's inbound listener at `addr`,
+    /// for what `alpn` names.
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        addr: SocketAddr,
+        alpn: Alpn,
+    ) -> std::io::Result<Io> {
+        let config = match alpn {
+            Alpn::Http1 => &self.client_h1,
+            Alpn::Http2 => &self.client_h2,
+            Alpn::Tcp => &self.client_tcp,
+        };
         let connector = tokio_rustls::TlsConnector::from(config.clone());
         let stream = connector
             .connect(ServerName::IpAddress(addr.ip().into()), tcp)
@@ -177,11 +189,38 @@ pub async fn connect(
     mtls: bool,
     h2: bool,
 ) -> std::io::Result<Io> {
+    let alpn = if h2 { Alpn::Http2 } else { Alpn::Http1 };
+    dial(addr, timeout, mtls, alpn).await
+}
+
+/// What a mutual TLS connection to another sidecar carries, told by ALPN so
+/// that its inbound side knows without reading: HTTP/1.1, HTTP/2, or an
+/// opaque byte stream (a captured connection to a TCP port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alpn {
+    /// `http/1.1`.
+    Http1,
+    /// `h2`.
+    Http2,
+    /// [`ALPN_TCP`].
+    Tcp,
+}
+
+/// The ALPN protocol of a mutual TLS connection that carries opaque TCP.
+pub const ALPN_TCP: &[u8] = b"minimesh-tcp";
+
+/// Connects to `addr` as [`connect`] does, for what `alpn` names.
+pub async fn dial(
+    addr: SocketAddr,
+    timeout: Duration,
+    mtls: bool,
+    alpn: Alpn,
+) -> std::io::Result<Io> {
     let dial = async {
         let tcp = TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
         match mesh().filter(|_| mtls) {
-            Some(m) => m.connect(tcp, addr, h2).await,
+            Some(m) => m.connect(tcp, addr, alpn).await,
             None => Ok(Io::Plain(tcp)),
         }
     };

@@ -51,6 +51,26 @@ impl Io {
     pub fn is_tls(&self) -> bool {
         !matches!(self, Io::Plain(_))
     }
+
+    /// The application protocol the TLS handshake settled on (ALPN).
+    pub fn alpn(&self) -> Option<&[u8]> {
+        match self {
+            Io::Plain(_) => None,
+            Io::Client(s) => s.get_ref().1.alpn_protocol(),
+            Io::Server(s) => s.get_ref().1.alpn_protocol(),
+        }
+    }
+
+    /// The SPIFFE ID of the peer's certificate (a TLS client this sidecar
+    /// accepted, or the server it dialed).
+    pub fn peer_identity(&self) -> Option<String> {
+        let certs = match self {
+            Io::Plain(_) => return None,
+            Io::Client(s) => s.get_ref().1.peer_certificates(),
+            Io::Server(s) => s.get_ref().1.peer_certificates(),
+        }?;
+        super::spiffe_id(certs.first()?)
+    }
 }
 
 impl AsyncRead for Io {
