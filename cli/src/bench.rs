@@ -314,6 +314,7 @@ async fn start_mesh(
         sidecar_worker_threads: None,
         restart_after: crate::mesh::RestartAfter(None),
         workload_cert_ttl: None,
+        capture: false,
     };
     Mesh::start(&home.join("bench"), &up)
         .await

@@ -63,6 +63,7 @@ pub async fn run(home: PathBuf, args: DemoArgs) -> anyhow::Result<()> {
         sidecar_worker_threads: None,
         restart_after: crate::mesh::RestartAfter(None),
         workload_cert_ttl: None,
+        capture: false,
     };
     let mesh = Mesh::start(&home, &up).await?;
     print_summary(&mesh.state);

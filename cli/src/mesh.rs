@@ -19,10 +19,12 @@ use crate::http;
 use crate::topology::Topology;
 
 mod identity;
+pub mod pod_network;
 mod ready;
 pub use ready::wait_converged;
 use ready::*;
 
+mod captured;
 mod process;
 
 /// Port of the app inside each pod (the sidecar's inbound listener takes the Service's targetPort).
@@ -62,6 +64,14 @@ pub struct UpArgs {
     /// the control plane's, 24h.
     #[arg(long, value_parser = parse_duration)]
     pub workload_cert_ttl: Option<Duration>,
+    /// Pods as on Kubernetes with transparent capture (Linux, root): each
+    /// pod a network namespace of its own on a bridge, with an address and
+    /// a Service IP from 198.18.0.0/15, names resolved per namespace, the
+    /// capture rules of `sidecar init-capture`, and its app unchanged
+    /// (listening on 0.0.0.0:8080, no proxy settings). Everything made is
+    /// removed when the mesh stops (docs/capture.md).
+    #[arg(long)]
+    pub capture: bool,
 }
 
 /// Parses a duration flag (`10s`, `2m`) with the control plane's grammar.
@@ -100,6 +110,9 @@ pub struct Pod {
     /// Zone (the EndpointSlice endpoint's `zone`).
     #[serde(default)]
     pub zone: String,
+    /// The pod's annotations (its deployment's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl Pod {
@@ -143,6 +156,21 @@ pub struct MeshState {
     /// milliseconds (None: never).
     #[serde(default)]
     pub restart_after_ms: Option<u64>,
+    /// With `--capture`: each pod's network namespace, and each Service's
+    /// virtual IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureState>,
+}
+
+/// Where a capture-mode mesh's pods and Services are.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaptureState {
+    /// The pod network's index (its bridge is `mmbr<index>`).
+    pub network: u8,
+    /// Network namespace by pod name.
+    pub namespaces: BTreeMap<String, String>,
+    /// Virtual IP by Service name.
+    pub service_ips: BTreeMap<String, Ipv4Addr>,
 }
 
 impl MeshState {
@@ -174,6 +202,8 @@ pub struct Mesh {
     /// Pods whose endpoint is published as not ready: one of their
     /// processes exited, and they have not passed their checks since.
     not_ready: BTreeSet<String>,
+    /// With `--capture`: the pods' network, removed when the mesh is dropped.
+    pod_network: Option<pod_network::PodNetwork>,
 }
 
 /// A process of the mesh, and how to start it again.
@@ -182,6 +212,9 @@ struct Process {
     program: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    /// The group it runs as (a captured pod's sidecar: the one the capture
+    /// rules exclude), when not this process's.
+    gid: Option<u32>,
     child: Child,
     /// When it was seen to have exited (None: running).
     exited: Option<tokio::time::Instant>,
@@ -244,6 +277,11 @@ impl Mesh {
     /// has ACKed the config with every endpoint in it.
     pub async fn start(home: &Path, args: &UpArgs) -> anyhow::Result<Mesh> {
         let topo = Topology::load(&args.topology)?;
+        let pod_net = if args.capture {
+            Some(pod_network::PodNetwork::create()?)
+        } else {
+            None
+        };
         let net = args.network.unwrap_or(topo.spec.network);
         if !net.is_loopback() {
             bail!("network {net} is not in 127.0.0.0/8: local meshes use loopback addresses only");
@@ -268,14 +306,20 @@ impl Mesh {
         for svc in &topo.spec.services {
             for d in &svc.deployments {
                 for i in 0..d.replicas {
+                    // Captured, a pod is reached on its app's own port.
+                    let (ip, port) = match &pod_net {
+                        Some(pn) => (pn.pod_ip(next), APP_PORT),
+                        None => (offset(net, next), svc.target_port),
+                    };
                     pods.push((
                         Pod {
                             name: format!("{}-{i}", d.name),
                             service: svc.name.clone(),
                             deployment: d.name.clone(),
-                            ip: offset(net, next),
-                            port: svc.target_port,
+                            ip,
+                            port,
                             zone: d.zone.clone(),
+                            annotations: d.annotations.clone(),
                         },
                         d.env.clone(),
                     ));
@@ -287,12 +331,28 @@ impl Mesh {
             args.ingress
                 .unwrap_or_else(|| moved(i.listen, topo.spec.network, net))
         });
+        let capture = pod_net.as_ref().map(|pn| CaptureState {
+            network: pn.index(),
+            namespaces: pods
+                .iter()
+                .map(|(p, _)| (p.name.clone(), pn.namespace(&p.name)))
+                .collect(),
+            service_ips: topo
+                .spec
+                .services
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.name.clone(), pn.service_ip(i as u8 + 1)))
+                .collect(),
+        });
+        // Captured pods reach the control plane on the host's end of their bridge.
+        let xds_ip = pod_net.as_ref().map_or(cp_ip, |pn| pn.host_ip());
         let state = MeshState {
             name: topo.metadata.name.clone(),
             namespace: ns.clone(),
             config_dir: std::path::absolute(&config_dir)?,
             control_plane_admin: SocketAddr::from((cp_ip, CP_ADMIN_PORT)),
-            control_plane_xds: SocketAddr::from((cp_ip, XDS_PORT)),
+            control_plane_xds: SocketAddr::from((xds_ip, XDS_PORT)),
             ingress,
             ingress_admin: ingress
                 .map(|_| SocketAddr::from((offset(net, 253), SIDECAR_ADMIN_PORT))),
@@ -300,6 +360,7 @@ impl Mesh {
             pid: std::process::id(),
             pids: BTreeMap::new(),
             restart_after_ms: args.restart_after.0.map(|d| d.as_millis() as u64),
+            capture,
         };
         let mut mesh = Mesh {
             state,
@@ -309,9 +370,17 @@ impl Mesh {
                 .spec
                 .services
                 .iter()
-                .map(|s| (s.name.clone(), s.port, s.target_port))
+                .map(|s| {
+                    let target = if args.capture {
+                        APP_PORT
+                    } else {
+                        s.target_port
+                    };
+                    (s.name.clone(), s.port, target)
+                })
                 .collect(),
             not_ready: BTreeSet::new(),
+            pod_network: pod_net,
         };
         // Mutual TLS between every sidecar: tokens for the CA, labelled pods.
         let ids = match topo.spec.mtls {
@@ -320,8 +389,8 @@ impl Mesh {
         };
         let mtls_args = |workload: &str| identity::sidecar_args(ids.as_ref(), workload);
         // Services first (no endpoints yet), so that routes exist from the start.
-        for svc in &topo.spec.services {
-            mesh.write_service(&svc.name, svc.port, svc.target_port, false)?;
+        for (name, port, target) in mesh.services.clone() {
+            mesh.write_service(&name, port, target, false)?;
         }
         let cp = binary("control-plane")?;
         let s = mesh.state.clone();
@@ -353,7 +422,10 @@ impl Mesh {
         // With mutual TLS, discovery is TLS too.
         let scheme = if ids.is_some() { "https" } else { "http" };
         let xds = format!("{scheme}://{}", s.control_plane_xds);
-        for (pod, env) in &pods {
+        if let Some(c) = &mesh.state.capture {
+            mesh.start_captured_pods(c.clone(), &pods, &xds, &ids, args.sidecar_worker_threads)?;
+        }
+        for (pod, env) in pods.iter().filter(|_| !args.capture) {
             let mut cmd = Command::new(&app);
             cmd.env("LISTEN_ADDR", pod.app().to_string())
                 .env("NAME", &pod.service)
@@ -445,8 +517,8 @@ impl Mesh {
             .await?;
         }
         // Every pod is up: publish the endpoints, as the endpoint controller would.
-        for svc in &topo.spec.services {
-            mesh.write_service(&svc.name, svc.port, svc.target_port, true)?;
+        for (name, port, target) in mesh.services.clone() {
+            mesh.write_service(&name, port, target, true)?;
         }
         let base = args.topology.parent().unwrap_or(Path::new("."));
         for rule in &topo.spec.rules {
@@ -477,8 +549,14 @@ impl Mesh {
         with_endpoints: bool,
     ) -> anyhow::Result<()> {
         let ns = &self.state.namespace;
+        let cluster_ip = self
+            .state
+            .capture
+            .as_ref()
+            .and_then(|c| c.service_ips.get(name))
+            .map_or(String::new(), |ip| format!("\n  clusterIP: {ip}"));
         let mut y = format!(
-            "# Written by minimesh up, as a cluster's endpoint controller would.\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}\n    protocol: TCP\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-local\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: {target_port}\n  protocol: TCP\nendpoints:"
+            "# Written by minimesh up, as a cluster's endpoint controller would.\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:{cluster_ip}\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}\n    protocol: TCP\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-local\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: {target_port}\n  protocol: TCP\nendpoints:"
         );
         let pods: Vec<&Pod> = self
             .state

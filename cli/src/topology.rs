@@ -140,6 +140,12 @@ pub struct Deployment {
     /// pods' sidecars take it as their own zone, for zone failover.
     #[serde(default = "local_zone")]
     pub zone: String,
+    /// Its pods' annotations. With `minimesh up --capture`, Istio's
+    /// `traffic.sidecar.istio.io/*` (or `traffic.minimesh.io/*`) capture
+    /// annotations set each pod's capture rules, as the injector reads
+    /// them on Kubernetes (docs/capture.md).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
 }
 
 fn local_zone() -> String {
@@ -199,6 +205,21 @@ impl Topology {
                     "{}: {field}: {zone:?} is not a zone name (1 to 63 letters, digits, '-', '_', '.', '/')",
                     path.display()
                 );
+            }
+        }
+        for s in &t.spec.services {
+            for d in &s.deployments {
+                let annotations = d.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                if let Err(e) =
+                    minimesh_proto::capture::CaptureSettings::from_annotations(annotations)
+                {
+                    bail!(
+                        "{}: spec.services[{}].deployments[{}].annotations: {e}",
+                        path.display(),
+                        s.name,
+                        d.name
+                    );
+                }
             }
         }
         if pods > MAX_PODS {

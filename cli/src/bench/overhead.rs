@@ -219,6 +219,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             sidecar_worker_threads: Some(PEER_WORKERS),
             restart_after: crate::mesh::RestartAfter(None),
             workload_cert_ttl: None,
+            capture: false,
         },
     )
     .await?;

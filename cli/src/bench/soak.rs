@@ -71,6 +71,7 @@ pub async fn run(
         sidecar_worker_threads: None,
         restart_after: RestartAfter(Some(Duration::from_secs(2))),
         workload_cert_ttl: Some(args.cert_ttl),
+        capture: false,
     };
     let mut mesh = Mesh::start(&home.join("bench"), &up)
         .await

@@ -34,7 +34,7 @@ impl Identities {
         let pods = &state.pods;
         write_atomic(
             &state.config_dir.join("services").join("pods.yaml"),
-            &pods_yaml(namespace, pods),
+            &pods_yaml(namespace, pods, state.capture.is_some()),
         )?;
         let ids = Identities {
             ca_dir: std::path::absolute(home.join("ca"))?,
@@ -104,13 +104,28 @@ pub fn control_plane_args(ids: Option<&Identities>, ttl: Option<Duration>) -> Ve
     args
 }
 
-/// The `Pod` objects of `pods`, each labelled as running a sidecar.
-pub fn pods_yaml(namespace: &str, pods: &[Pod]) -> String {
+/// The `Pod` objects of `pods`, each labelled as running a sidecar; with
+/// `captured`, annotated as the injector annotates a pod whose connections
+/// are captured (every port of it reaches its sidecar).
+pub fn pods_yaml(namespace: &str, pods: &[Pod], captured: bool) -> String {
     let mut y = String::from("# Written by minimesh up: the pods, each with a sidecar.\n");
+    let capture = if captured {
+        "\n    minimesh.io/capture: enabled"
+    } else {
+        ""
+    };
     for p in pods {
+        let mut annotations = String::new();
+        for (k, v) in p.annotations.iter().filter(|_| captured) {
+            let _ = write!(
+                annotations,
+                "\n    {k}: {}",
+                serde_json::Value::from(v.as_str())
+            );
+        }
         let _ = write!(
             y,
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: {namespace}\n  labels:\n    app: {}\n    minimesh.io/proxy: sidecar\n  annotations:\n    minimesh.io/inbound-port: \"{}\"\nspec:\n  serviceAccountName: {}\nstatus:\n  podIP: \"{}\"\n",
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: {namespace}\n  labels:\n    app: {}\n    minimesh.io/proxy: sidecar\n  annotations:\n    minimesh.io/inbound-port: \"{}\"{capture}{annotations}\nspec:\n  serviceAccountName: {}\nstatus:\n  podIP: \"{}\"\n",
             p.name, p.service, p.port, p.service, p.ip
         );
     }

@@ -10,6 +10,20 @@ pub const STOP_GRACE: Duration = Duration::from_secs(6);
 
 impl Mesh {
     pub(super) fn spawn(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+        self.spawn_as(name, cmd, None)
+    }
+
+    /// Starts `cmd` as [`Mesh::spawn`] does, in group `gid` when given (and
+    /// again in it when it is started again).
+    pub(super) fn spawn_as(
+        &mut self,
+        name: &str,
+        cmd: &mut Command,
+        gid: Option<u32>,
+    ) -> anyhow::Result<()> {
+        if let Some(g) = gid {
+            cmd.gid(g);
+        }
         let std = cmd.as_std();
         let program = std.get_program().to_owned();
         let args = std.get_args().map(|a| a.to_owned()).collect();
@@ -23,6 +37,7 @@ impl Mesh {
             program,
             args,
             env,
+            gid,
             child,
             exited: None,
         });
@@ -118,6 +133,9 @@ impl Mesh {
                 Some(at) if delay.is_some_and(|d| now.duration_since(at) >= d) => {
                     let mut cmd = Command::new(&p.program);
                     cmd.args(&p.args).envs(p.env.iter().map(|(k, v)| (k, v)));
+                    if let Some(g) = p.gid {
+                        cmd.gid(g);
+                    }
                     let name = p.name.clone();
                     let child = self.start_process(&name, &mut cmd, true)?;
                     let pid = child.id().unwrap_or_default();

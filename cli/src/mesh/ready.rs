@@ -40,12 +40,22 @@ pub async fn wait_converged(state: &MeshState, timeout: Duration) -> anyhow::Res
         ) {
             (Ok(versions), Ok(v)) => {
                 let proxies = v.as_array().cloned().unwrap_or_default();
+                // A sidecar subscribes to PeerAuthentications by name (its
+                // namespace's and the mesh-wide one), so the version it gets
+                // is of those alone, never the type's: there, in sync is
+                // having ACKed what it was last sent.
+                let in_sync = |p: &serde_json::Value, ty: &str, version: &serde_json::Value| {
+                    let t = &p["types"][ty];
+                    match ty {
+                        "PeerAuthentication" => !t["acked"].is_null() && t["acked"] == t["sent"],
+                        _ => t["acked"] == *version,
+                    }
+                };
                 let synced = proxies
                     .iter()
                     .filter(|p| {
                         versions.as_object().is_some_and(|vs| {
-                            vs.iter()
-                                .all(|(ty, version)| p["types"][ty]["acked"] == *version)
+                            vs.iter().all(|(ty, version)| in_sync(p, ty, version))
                         })
                     })
                     .count();
