@@ -4,6 +4,7 @@
 mod admission;
 mod balancing;
 mod bench;
+mod capture;
 mod config;
 mod connection_pool;
 mod deploy;
