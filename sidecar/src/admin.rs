@@ -1,7 +1,8 @@
 //! Sidecar admin HTTP: `/healthz`, `/ready` (200 once config arrived),
 //! `/metrics` (OpenMetrics text of the registry [`crate::metrics`] fills) and `/debug/config` (clusters, endpoints and
 //! their live state as JSON; to loopback callers only unless
-//! `--admin-debug`).
+//! `--admin-debug`), and the app's probes for the kubelet
+//! (`/app-health/...`, [`crate::app_probe`]).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +36,13 @@ pub struct Admin {
     /// Serve `/debug/*` to every caller, not only loopback ones
     /// (`--admin-debug`; see [`minimesh_proto::admin`]).
     pub debug_for_all: bool,
+    /// The app's HTTP probes, served at `/app-health/...` for the kubelet.
+    pub app_probes: crate::app_probe::AppProbes,
 }
+
+/// How long the app has to answer a probe the sidecar makes for the
+/// kubelet (whose own `timeoutSeconds` bounds the whole probe too).
+const APP_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves the admin API forever.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
@@ -56,6 +63,10 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                             refused.into(),
                             "text/plain",
                         ));
+                    }
+                    if let Some(probe) = admin.app_probes.get(req.uri().path()) {
+                        let (status, body) = crate::app_probe::run(probe, APP_PROBE_TIMEOUT).await;
+                        return Ok(text(status, body, "text/plain"));
                     }
                     Ok::<_, Infallible>(handle(&admin, &req))
                 }

@@ -4,6 +4,7 @@
 //! The same binary in gateway mode is the ingress.
 
 pub mod admin;
+pub mod app_probe;
 pub mod balance;
 pub mod capture;
 pub mod clock;
@@ -116,6 +117,12 @@ pub struct Args {
     /// a protocol whose server speaks first waits this long once).
     #[arg(long, env = "MINIMESH_PROTOCOL_DETECT_TIMEOUT", default_value = "10s", value_parser = minimesh_proto::duration::parse_positive)]
     pub protocol_detect_timeout: Duration,
+    /// The app's HTTP probes the admin port makes for the kubelet, JSON
+    /// (set by the injector when it points the pod's probes at
+    /// `/app-health/<container>/<livez|readyz|startupz>`): each admin path
+    /// to the app's `{"port", "path", "httpHeaders"}`.
+    #[arg(long, env = "MINIMESH_APP_PROBES", value_parser = app_probes)]
+    pub app_probes: Option<app_probe::AppProbes>,
     /// The HTTP version the inbound listener speaks to the app: `client`
     /// (the version the request arrived in: callers' sidecars speak HTTP/2
     /// only to ports declared gRPC or HTTP/2), `http1` or `http2`.
@@ -219,6 +226,10 @@ fn parse_app_protocol(s: &str) -> Result<minimesh_proto::v1::UpstreamProtocol, S
         "http2" => Ok(UpstreamProtocol::Http2),
         _ => Err(format!("{s:?} is not one of client, http1, http2")),
     }
+}
+
+fn app_probes(s: &str) -> Result<app_probe::AppProbes, String> {
+    app_probe::AppProbes::parse(s)
 }
 
 fn parse_alias(s: &str) -> Result<(String, String), String> {
@@ -334,6 +345,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             node_id: node.id.clone(),
             metrics: registry,
             debug_for_all: args.admin_debug,
+            app_probes: args.app_probes.clone().unwrap_or_default(),
         }),
     ));
 
