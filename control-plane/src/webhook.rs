@@ -67,6 +67,15 @@ pub struct WebhookArgs {
         default_value = "minimesh:dev"
     )]
     pub sidecar_image: String,
+    /// Sidecar injection: the image of the capture init container
+    /// (`minimesh-init`: the sidecar binary with nftables; `deploy/Dockerfile`'s
+    /// `init` target).
+    #[arg(
+        long = "init-image",
+        env = "MINIMESH_INIT_IMAGE",
+        default_value = "minimesh-init:dev"
+    )]
+    pub init_image: String,
     /// Sidecar injection: the discovery address injected sidecars dial.
     /// Default: http://<--webhook-service>.<namespace>.svc:15010 (https://
     /// with a CA).
@@ -126,6 +135,7 @@ pub async fn start(
     let scheme = if identity.is_some() { "https" } else { "http" };
     let template = inject::Template {
         image: args.sidecar_image.clone(),
+        init_image: args.init_image.clone(),
         xds_addr: args
             .sidecar_xds_addr
             .clone()

@@ -12,6 +12,8 @@ set -euo pipefail
 
 CLUSTER="${CLUSTER:-minimesh}"
 IMAGE="${IMAGE:-minimesh:dev}"
+# The capture init step's image (deploy/Dockerfile's `init` target).
+INIT_IMAGE="${INIT_IMAGE:-minimesh-init:dev}"
 RULE="${RULE:-examples/rules/simple-backend-dr-random.yaml}"
 DURATION="${DURATION:-60s}"
 QPS="${QPS:-1000}"
@@ -42,7 +44,8 @@ need curl "https://curl.se/download.html"
 # The manifests name the image minimesh:dev; a different IMAGE takes its place.
 apply_kustomization() {
   kubectl kustomize "$1" |
-    sed -e "s|image: minimesh:dev|image: $IMAGE|" -e "s|--sidecar-image=minimesh:dev|--sidecar-image=$IMAGE|" |
+    sed -e "s|image: minimesh:dev|image: $IMAGE|" -e "s|--sidecar-image=minimesh:dev|--sidecar-image=$IMAGE|" \
+        -e "s|--init-image=minimesh-init:dev|--init-image=$INIT_IMAGE|" |
     kubectl apply -f -
 }
 
@@ -60,17 +63,21 @@ if [ "${minor:-0}" -lt 29 ]; then
   exit 1
 fi
 
-step "building $IMAGE (deploy/Dockerfile) and loading it into the cluster"
+step "building $IMAGE and $INIT_IMAGE (deploy/Dockerfile) and loading them into the cluster"
 # Docker's containerd image store adds provenance attestations that kind
-# cannot import: build without them where buildx is there, and load the image
+# cannot import: build without them where buildx is there, and load the images
 # as an archive.
-if docker buildx version >/dev/null 2>&1; then
-  docker buildx build --provenance=false --load -f deploy/Dockerfile -t "$IMAGE" .
-else
-  docker build -f deploy/Dockerfile -t "$IMAGE" .
-fi
+build() {
+  if docker buildx version >/dev/null 2>&1; then
+    docker buildx build --provenance=false --load -f deploy/Dockerfile "$@" .
+  else
+    docker build -f deploy/Dockerfile "$@" .
+  fi
+}
+build -t "$IMAGE"
+build --target init -t "$INIT_IMAGE"
 archive="$(mktemp -t minimesh-image.XXXXXX)"
-docker save "$IMAGE" -o "$archive"
+docker save "$IMAGE" "$INIT_IMAGE" -o "$archive"
 kind load image-archive "$archive" --name "$CLUSTER"
 rm -f "$archive"
 

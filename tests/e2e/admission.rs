@@ -252,6 +252,7 @@ spec:
         command: [/usr/local/bin/fake-service]
         env:
         - {name: LISTEN_ADDR, value: 127.0.0.1:8080}
+        readinessProbe: {httpGet: {path: /health, port: 8080}}
 ";
 
 /// The pods of namespace `demo`, as `kubectl get pods -o json` lists them.
@@ -327,10 +328,20 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
     let after = pods(&net).await;
     assert_eq!(after.len(), 1, "the old pod is replaced: {after:#?}");
     let pod = &after[0];
-    let sidecar = &pod["spec"]["initContainers"][0];
+    assert!(pod["metadata"]["generateName"].is_string(), "{pod:#}");
+    // The init step first, with only the capabilities its rules need.
+    let init = &pod["spec"]["initContainers"][0];
+    assert_eq!(init["name"], "minimesh-init", "{pod:#}");
+    assert_eq!(init["image"], "minimesh-init:dev");
+    assert_eq!(
+        init["securityContext"]["capabilities"],
+        serde_json::json!({"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]})
+    );
+    let sidecar = &pod["spec"]["initContainers"][1];
     assert_eq!(sidecar["name"], "minimesh-sidecar", "{pod:#}");
     assert_eq!(sidecar["restartPolicy"], "Always");
     assert_eq!(sidecar["image"], "minimesh:dev");
+    assert_eq!(sidecar["securityContext"]["runAsUser"], 1337);
     let env = |c: &Value, name: &str| {
         c["env"]
             .as_array()
@@ -341,9 +352,21 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
         env(sidecar, "MINIMESH_XDS_ADDR"),
         Some("http://minimesh-control-plane.minimesh-system.svc:15010".into())
     );
+    // Its HTTP probe goes to the sidecar, which makes the original (so
+    // that it passes under STRICT mutual TLS too).
     assert_eq!(
-        env(&pod["spec"]["containers"][0], "HTTP_PROXY"),
-        Some("http://127.0.0.1:15001".into())
+        pod["spec"]["containers"][0]["readinessProbe"]["httpGet"],
+        serde_json::json!({"path": "/app-health/web/readyz", "port": 15000, "scheme": "HTTP"})
+    );
+    assert_eq!(
+        env(sidecar, "MINIMESH_APP_PROBES"),
+        Some(r#"{"/app-health/web/readyz":{"path":"/health","port":8080}}"#.into())
+    );
+    // The app's container as written: capture needs no proxy settings.
+    assert_eq!(env(&pod["spec"]["containers"][0], "HTTP_PROXY"), None);
+    assert_eq!(
+        pod["spec"]["containers"][0]["env"],
+        serde_json::json!([{"name": "LISTEN_ADDR", "value": "127.0.0.1:8080"}, {"name": "VERSION", "value": "2"}])
     );
     assert_eq!(
         pod["metadata"]["annotations"]["minimesh.io/injected"],

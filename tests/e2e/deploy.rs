@@ -109,6 +109,7 @@ fn injected_pod(deployment: &Value) -> Value {
     // As deploy/base runs the control plane: with its CA.
     let t = minimesh_control_plane::webhook::inject::Template {
         image: "minimesh:dev".into(),
+        init_image: "minimesh-init:dev".into(),
         xds_addr: "https://minimesh-control-plane.minimesh-system.svc:15010".into(),
         identity: Some(minimesh_control_plane::webhook::inject::Identity {
             root_pem: "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".into(),
@@ -182,24 +183,41 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
         );
         let pod = injected_pod(d);
         let spec = &pod["spec"];
-        let sidecar = &spec["initContainers"][0];
+        // The init step first: the capture rules, with only the two
+        // capabilities they need.
+        let init = &spec["initContainers"][0];
+        assert_eq!(init["name"], "minimesh-init", "{name}: {pod:#}");
+        assert_eq!(init["command"][1], "init-capture");
+        assert_eq!(
+            init["securityContext"]["capabilities"],
+            serde_json::json!({"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]})
+        );
+        let sidecar = &spec["initContainers"][1];
         assert_eq!(sidecar["name"], "minimesh-sidecar", "{name}: {pod:#}");
         assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
+        assert_eq!(
+            sidecar["securityContext"]["runAsUser"], 1337,
+            "the user capture excludes"
+        );
         assert_eq!(
             env_of(sidecar, "POD_NAME").expect("POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
             "metadata.name"
         );
+        assert_eq!(
+            env_of(sidecar, "MINIMESH_CAPTURE").expect("capture")["value"],
+            "true"
+        );
+        // The app as the book writes it: untouched, on 0.0.0.0:8080, no proxy.
         let app = &spec["containers"][0];
-        // The app listens where the sidecar's inbound listener forwards,
-        // and calls out through the sidecar.
+        assert_eq!(
+            app, &d["spec"]["template"]["spec"]["containers"][0],
+            "{name}: the app was changed"
+        );
         assert_eq!(
             env_of(app, "LISTEN_ADDR").expect("LISTEN_ADDR")["value"],
-            env_of(sidecar, "MINIMESH_APP_ADDR").expect("MINIMESH_APP_ADDR")["value"]
+            "0.0.0.0:8080"
         );
-        assert_eq!(
-            env_of(app, "HTTP_PROXY").expect("HTTP_PROXY")["value"],
-            "http://127.0.0.1:15001"
-        );
+        assert!(env_of(app, "HTTP_PROXY").is_none());
         // Its identity: its own service account's projected token.
         assert_eq!(
             env_of(sidecar, "MINIMESH_TOKEN_FILE").expect("MINIMESH_TOKEN_FILE")["value"],
@@ -211,16 +229,13 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
                 .is_some_and(|sa| sa.starts_with("simple-")),
             "{name} runs as its own service account"
         );
-        // Its Service sends to the sidecar's inbound port.
+        // Its Service targets the app's own port, as the book's.
         let app_label = &d["spec"]["template"]["metadata"]["labels"]["app"];
         let svc = apps
             .iter()
             .find(|s| s["kind"] == "Service" && s["spec"]["selector"]["app"] == *app_label)
             .expect("its Service");
-        assert_eq!(
-            svc["spec"]["ports"][0]["targetPort"], sidecar["ports"][0]["containerPort"],
-            "{name}"
-        );
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080, "{name}");
     }
     // The gateway is a proxy itself: no sidecar, but a sidecar's identity
     // (to call the apps over mutual TLS) and discovery over TLS.

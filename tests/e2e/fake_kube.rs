@@ -453,11 +453,14 @@ impl FakeKube {
         }
         let template = &deployment["spec"]["template"];
         for i in 0..deployment["spec"]["replicas"].as_u64().unwrap_or(1) {
-            let pod_name = format!("{name}-{revision:x}f5c9d-{i}x7k");
+            // A ReplicaSet names its pods by `generateName`: admission sees
+            // no name; the API server makes one after it, as here.
+            let generate = format!("{name}-{revision:x}f5c9d-");
+            let pod_name = format!("{generate}{i}x7kq");
             let mut pod = json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {
-                    "name": pod_name, "namespace": ns,
+                    "generateName": generate, "namespace": ns,
                     "labels": template["metadata"]["labels"],
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": deployment["metadata"]["uid"], "controller": true}],
                 },
@@ -468,6 +471,7 @@ impl FakeKube {
             }
             match self.admit(PODS, "CREATE", &mut pod, None).await {
                 Ok(_) => {
+                    pod["metadata"]["name"] = pod_name.clone().into();
                     let mut inner = self.inner.lock().expect("lock");
                     pod["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
                     pod["metadata"]["creationTimestamp"] = now().into();

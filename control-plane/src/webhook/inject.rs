@@ -3,13 +3,27 @@
 //! labelled so). The sidecar is added as a native sidecar (an init
 //! container with `restartPolicy: Always`, Kubernetes ≥ 1.29): it starts,
 //! and is listening, before the app's containers and stops after them.
-//! Every app container gets `HTTP_PROXY` pointing at it (and `NO_PROXY` for
-//! its loopback). The pod's
+//!
+//! By default the pod's traffic is captured, as Istio and Linkerd do it:
+//! an init container (`minimesh-init`, `sidecar init-capture`, with only
+//! `NET_ADMIN` and `NET_RAW`) writes the rules that hand the pod's TCP
+//! connections to the sidecar, which runs as user and group 1337 (the ones
+//! the rules exclude); the app's containers are left as they are but for
+//! their HTTP probes, pointed at the sidecar (`inject/probes.rs`). Istio's
+//! `traffic.sidecar.istio.io/*` annotations set what is captured; a bad
+//! value refuses the pod naming the annotation.
+//!
+//! `minimesh.io/capture: disabled` (or Istio's
+//! `sidecar.istio.io/interceptionMode: NONE`) keeps the explicit mode, for
+//! clusters that forbid `NET_ADMIN`: every app container gets `HTTP_PROXY`
+//! pointing at the sidecar (and `NO_PROXY` for its loopback), and the pod's
 //! annotations choose the ports (`minimesh.io/inbound-port`, the Service's
 //! `targetPort`, 9090; `minimesh.io/app-port`, where the app listens on
-//! 127.0.0.1, 8080). The pod is labelled `minimesh.io/proxy=sidecar` and
-//! annotated `minimesh.io/injected`. A pod that already has a sidecar, or
-//! was injected, is left alone.
+//! 127.0.0.1, 8080).
+//!
+//! The pod is labelled `minimesh.io/proxy=sidecar` and annotated
+//! `minimesh.io/injected`. A pod that already has a sidecar, or was
+//! injected, is left alone.
 //!
 //! With the control plane's CA, the sidecar also gets its identity: a
 //! projected service-account token (audience `minimesh`, an hour, renewed
@@ -23,6 +37,9 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use super::review::Verdict;
+use minimesh_proto::capture::{CaptureSettings, INBOUND_CAPTURE_PORT, PROXY_GID, PROXY_UID};
+
+mod probes;
 
 /// Annotation set on every injected pod.
 pub const INJECTED: &str = "minimesh.io/injected";
@@ -31,6 +48,14 @@ pub const INJECTED: &str = "minimesh.io/injected";
 pub const PROXY_LABEL: &str = "minimesh.io/proxy";
 /// The sidecar container's name.
 pub const SIDECAR: &str = "minimesh-sidecar";
+/// The capture init container's name.
+pub const INIT: &str = "minimesh-init";
+/// The pod annotation that turns capture off (`disabled`); the injector
+/// sets it to `enabled` on the pods it captures, which the control plane
+/// reads to call every captured port of them over mutual TLS.
+pub const CAPTURE_ANNOTATION: &str = "minimesh.io/capture";
+/// Istio's annotation with the same purpose: `NONE` is no capture.
+pub const INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
 /// The sidecar's admin port (readiness, metrics).
 pub const ADMIN_PORT: u16 = 15000;
 /// The sidecar's outbound listener (the apps' `HTTP_PROXY`).
@@ -51,6 +76,8 @@ pub const TOKEN_SECONDS: u32 = 3600;
 pub struct Template {
     /// Its image.
     pub image: String,
+    /// The capture init container's image (the sidecar binary and `nft`).
+    pub init_image: String,
     /// The control plane's discovery address, as sidecars dial it.
     pub xds_addr: String,
     /// With the control plane's CA: how the sidecar proves who it is.
@@ -139,6 +166,9 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     if spec["hostNetwork"] == true {
         return Err("spec.hostNetwork: a pod on the node's network cannot have a sidecar (its ports would be the node's); label it minimesh.io/inject=disabled".into());
     }
+    if captures(pod)? {
+        return captured(pod, t).map(Some);
+    }
     let inbound = port(pod, "minimesh.io/inbound-port", 9090)?;
     let app = port(pod, "minimesh.io/app-port", 8080)?;
     if inbound == app || [inbound, app].contains(&ADMIN_PORT) || [inbound, app].contains(&15001) {
@@ -146,42 +176,18 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             "metadata.annotations: minimesh.io/inbound-port ({inbound}) and minimesh.io/app-port ({app}) must differ from each other and from the sidecar's own ports ({ADMIN_PORT}, 15001)"
         ));
     }
-    let env = |name: &str, value: String| json!({"name": name, "value": value});
-    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
-    let sidecar = json!({
-        "name": SIDECAR,
-        "image": t.image,
-        "imagePullPolicy": "IfNotPresent",
-        // A native sidecar: started before the app, stopped after it.
-        "restartPolicy": "Always",
-        "command": ["/usr/local/bin/sidecar"],
-        "env": [
-            field("POD_NAME", "metadata.name"),
-            field("POD_NAMESPACE", "metadata.namespace"),
-            env("MINIMESH_XDS_ADDR", t.xds_addr.clone()),
-            env("MINIMESH_OUTBOUND_ADDR", OUTBOUND.into()),
+    let sidecar = sidecar_container(
+        t,
+        vec![
             env("MINIMESH_INBOUND_ADDR", format!("0.0.0.0:{inbound}")),
             env("MINIMESH_APP_ADDR", format!("127.0.0.1:{app}")),
-            env("MINIMESH_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
         ],
-        "ports": [
+        json!([
             {"name": "http-mesh", "containerPort": inbound},
             {"name": "http-mesh-admin", "containerPort": ADMIN_PORT},
-        ],
-        // The app starts once the sidecar listens.
-        "startupProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 1, "failureThreshold": 60},
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": ADMIN_PORT}, "periodSeconds": 2},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 10},
-        "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    });
+        ]),
+        65532,
+    );
     let mut sidecar = sidecar;
     let mut ops = Vec::new();
     if let Some(id) = &t.identity {
@@ -250,6 +256,174 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     }
     annotate(pod, annotations, &mut ops);
     Ok(Some(ops))
+}
+
+/// An environment variable of a container.
+fn env(name: &str, value: String) -> Value {
+    json!({"name": name, "value": value})
+}
+
+/// The sidecar container: the common settings, `extra_env`, `ports`, and
+/// the user and group it runs as.
+fn sidecar_container(t: &Template, extra_env: Vec<Value>, ports: Value, id: u32) -> Value {
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    let mut vars = vec![
+        field("POD_NAME", "metadata.name"),
+        field("POD_NAMESPACE", "metadata.namespace"),
+        env("MINIMESH_XDS_ADDR", t.xds_addr.clone()),
+        env("MINIMESH_OUTBOUND_ADDR", OUTBOUND.into()),
+        env("MINIMESH_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
+    ];
+    vars.extend(extra_env);
+    json!({
+        "name": SIDECAR,
+        "image": t.image,
+        "imagePullPolicy": "IfNotPresent",
+        // A native sidecar: started before the app, stopped after it.
+        "restartPolicy": "Always",
+        "command": ["/usr/local/bin/sidecar"],
+        "env": vars,
+        "ports": ports,
+        // The app starts once the sidecar listens.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 1, "failureThreshold": 60},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": ADMIN_PORT}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": ADMIN_PORT}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": id,
+            "runAsGroup": id,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    })
+}
+
+/// Whether the pod's traffic is captured: yes unless its annotations turn
+/// capture off; Err for a value neither mode takes.
+fn captures(pod: &Value) -> Result<bool, String> {
+    let a = &pod["metadata"]["annotations"];
+    let ours = match a[CAPTURE_ANNOTATION].as_str() {
+        None | Some("enabled") => true,
+        Some("disabled") => false,
+        Some(other) => {
+            return Err(format!(
+                "metadata.annotations[{CAPTURE_ANNOTATION}]: {other:?} is not enabled or disabled"
+            ))
+        }
+    };
+    let istio = match a[INTERCEPTION_MODE].as_str() {
+        None | Some("REDIRECT") => true,
+        Some("NONE") => false,
+        Some("TPROXY") => {
+            return Err(format!(
+                "metadata.annotations[{INTERCEPTION_MODE}]: TPROXY is not supported (minimesh captures with REDIRECT, which keeps the caller's address visible to the sidecar); use REDIRECT, or NONE for no capture"
+            ))
+        }
+        Some(other) => {
+            return Err(format!(
+                "metadata.annotations[{INTERCEPTION_MODE}]: {other:?} is not REDIRECT or NONE"
+            ))
+        }
+    };
+    Ok(ours && istio)
+}
+
+/// The patch for a pod whose traffic is captured: the init step first, the
+/// sidecar as user 1337 taking captured connections, the app's HTTP probes
+/// pointed at the sidecar, nothing else of the app touched.
+fn captured(pod: &Value, t: &Template) -> Result<Vec<Value>, String> {
+    let spec = &pod["spec"];
+    let annotations = pod["metadata"]["annotations"].as_object();
+    let pairs = annotations
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)));
+    let settings = CaptureSettings::from_annotations(pairs)
+        .map_err(|e| format!("metadata.annotations[{}]: {}", e.key, e.reason))?;
+    let mut command = vec![json!("/usr/local/bin/sidecar"), json!("init-capture")];
+    command.extend(settings.init_args().into_iter().map(Value::from));
+    let init = json!({
+        "name": INIT,
+        "image": t.init_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}, "limits": {"memory": "50Mi"}},
+        // Root in the pod's own network namespace, with the two
+        // capabilities rules need and no other (Istio's istio-init).
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": false,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+        },
+    });
+    let (probe_ops, originals) = if probes::wanted(pod) {
+        probes::rewrite(pod, ADMIN_PORT)?
+    } else {
+        (Vec::new(), serde_json::Map::new())
+    };
+    let mut extra = vec![
+        env("MINIMESH_CAPTURE", "true".into()),
+        env(
+            "MINIMESH_INBOUND_CAPTURE_ADDR",
+            format!("0.0.0.0:{INBOUND_CAPTURE_PORT}"),
+        ),
+    ];
+    if !originals.is_empty() {
+        extra.push(env(
+            "MINIMESH_APP_PROBES",
+            Value::Object(originals).to_string(),
+        ));
+    }
+    debug_assert_eq!(PROXY_UID, PROXY_GID);
+    let mut sidecar = sidecar_container(
+        t,
+        extra,
+        json!([{"name": "http-mesh-admin", "containerPort": ADMIN_PORT}]),
+        PROXY_UID,
+    );
+    let mut ops = Vec::new();
+    if let Some(id) = &t.identity {
+        identity(spec, id, &mut sidecar, &mut ops);
+    }
+    // The rules first, then the sidecar, then the pod's own init containers.
+    match spec["initContainers"].as_array() {
+        Some(a) if !a.is_empty() => {
+            ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
+            ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": init}));
+        }
+        _ => {
+            ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [init, sidecar]}))
+        }
+    }
+    ops.extend(probe_ops);
+    if pod["metadata"]["labels"].is_object() {
+        ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(PROXY_LABEL)), "value": "sidecar"}));
+    } else {
+        ops.push(
+            json!({"op": "add", "path": "/metadata/labels", "value": {PROXY_LABEL: "sidecar"}}),
+        );
+    }
+    let mut notes = vec![
+        (INJECTED, "true".to_string()),
+        (CAPTURE_ANNOTATION, "enabled".to_string()),
+    ];
+    if let Some(id) = &t.identity {
+        notes.push((CA_ROOT_ANNOTATION, id.root_pem.clone()));
+    }
+    if !pod["metadata"]["annotations"]["prometheus.io/scrape"].is_string() {
+        notes.extend([
+            ("prometheus.io/scrape", "true".into()),
+            ("prometheus.io/port", ADMIN_PORT.to_string()),
+            ("prometheus.io/path", "/metrics".into()),
+        ]);
+    }
+    annotate(pod, notes, &mut ops);
+    Ok(ops)
 }
 
 /// A gateway pod (labelled `minimesh.io/inject=gateway`: a proxy itself,
@@ -344,6 +518,7 @@ mod tests {
     fn template() -> Template {
         Template {
             image: "minimesh:dev".into(),
+            init_image: "minimesh-init:dev".into(),
             xds_addr: "http://minimesh-control-plane.minimesh-system.svc:15010".into(),
             identity: None,
         }
@@ -366,9 +541,17 @@ mod tests {
         p
     }
 
+    /// A pod that turns capture off (explicit mode).
+    fn explicit_pod() -> Value {
+        pod(
+            json!({"metadata": {"name": "web-1", "namespace": "demo", "labels": {"app": "web"},
+            "annotations": {CAPTURE_ANNOTATION: "disabled"}}}),
+        )
+    }
+
     #[test]
-    fn a_pod_gets_a_native_sidecar_first_and_every_container_its_proxy() {
-        let ops = patch(&pod(json!({})), &template())
+    fn without_capture_a_pod_gets_a_native_sidecar_first_and_every_container_its_proxy() {
+        let ops = patch(&explicit_pod(), &template())
             .expect("ok")
             .expect("a patch");
         assert_eq!(ops[0]["path"], "/spec/initContainers");
@@ -391,9 +574,82 @@ mod tests {
         assert_eq!(ops[3]["path"], "/spec/containers/1/env");
         assert_eq!(ops[3]["value"].as_array().map(Vec::len), Some(2));
         assert_eq!(ops[4]["path"], "/metadata/labels/minimesh.io~1proxy");
-        assert_eq!(ops[5]["path"], "/metadata/annotations");
-        assert_eq!(ops[5]["value"][INJECTED], "true");
-        assert_eq!(ops[5]["value"]["prometheus.io/port"], "15000");
+        assert_eq!(
+            ops[5]["path"],
+            "/metadata/annotations/minimesh.io~1injected"
+        );
+        assert_eq!(ops[7]["path"], "/metadata/annotations/prometheus.io~1port");
+        assert_eq!(ops[7]["value"], "15000");
+        // Istio's annotation says the same.
+        let istio =
+            pod(json!({"metadata": {"name": "w", "annotations": {INTERCEPTION_MODE: "NONE"}}}));
+        let ops = patch(&istio, &template()).expect("ok").expect("a patch");
+        assert_eq!(ops[1]["value"]["name"], "HTTP_PROXY");
+    }
+
+    #[test]
+    fn by_default_the_init_step_captures_and_the_app_is_left_as_it_is() {
+        let mut p = pod(json!({"metadata": {"name": "web-1", "annotations": {
+            "traffic.sidecar.istio.io/excludeOutboundPorts": "5432"}}}));
+        p["spec"]["containers"][0]["readinessProbe"] =
+            json!({"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 5});
+        let ops = patch(&p, &template()).expect("ok").expect("a patch");
+        assert_eq!(ops[0]["path"], "/spec/initContainers");
+        let (init, sidecar) = (&ops[0]["value"][0], &ops[0]["value"][1]);
+        assert_eq!(init["name"], INIT);
+        assert_eq!(init["image"], "minimesh-init:dev");
+        assert_eq!(init["command"][1], "init-capture");
+        assert!(init["command"]
+            .as_array()
+            .expect("command")
+            .contains(&json!("--exclude-outbound-ports=5432")));
+        assert_eq!(
+            init["securityContext"]["capabilities"],
+            json!({"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]})
+        );
+        assert_eq!(sidecar["name"], SIDECAR);
+        assert_eq!(sidecar["restartPolicy"], "Always");
+        assert_eq!(sidecar["securityContext"]["runAsUser"], 1337);
+        assert_eq!(sidecar["securityContext"]["runAsGroup"], 1337);
+        let env = sidecar["env"].as_array().expect("env");
+        assert!(env.contains(&json!({"name": "MINIMESH_CAPTURE", "value": "true"})));
+        assert!(env
+            .contains(&json!({"name": "MINIMESH_INBOUND_CAPTURE_ADDR", "value": "0.0.0.0:15006"})));
+        assert!(env.contains(&json!({"name": "MINIMESH_APP_PROBES", "value": r#"{"/app-health/web/readyz":{"path":"/health","port":8080}}"#})));
+        assert!(!env.iter().any(|e| e["name"] == "MINIMESH_APP_ADDR"));
+        // The app: no proxy variables; only its HTTP probe moved.
+        let app_ops: Vec<&Value> = ops
+            .iter()
+            .filter(|o| {
+                o["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/spec/containers"))
+            })
+            .collect();
+        assert_eq!(
+            app_ops,
+            [
+                &json!({"op": "replace", "path": "/spec/containers/0/readinessProbe/httpGet",
+                "value": {"path": "/app-health/web/readyz", "port": 15000, "scheme": "HTTP"}})
+            ]
+        );
+        let annotations: Vec<&str> = ops.iter().filter_map(|o| o["path"].as_str()).collect();
+        assert!(
+            annotations.contains(&"/metadata/annotations/minimesh.io~1capture"),
+            "{annotations:?}"
+        );
+    }
+
+    #[test]
+    fn bad_capture_annotations_are_refused_by_name() {
+        for (key, value, want) in [
+            ("traffic.sidecar.istio.io/excludeInboundPorts", "ssh", r#"metadata.annotations[traffic.sidecar.istio.io/excludeInboundPorts]: "ssh" is not a port (1 to 65535)"#),
+            (INTERCEPTION_MODE, "TPROXY", "metadata.annotations[sidecar.istio.io/interceptionMode]: TPROXY is not supported (minimesh captures with REDIRECT, which keeps the caller's address visible to the sidecar); use REDIRECT, or NONE for no capture"),
+            (CAPTURE_ANNOTATION, "off", r#"metadata.annotations[minimesh.io/capture]: "off" is not enabled or disabled"#),
+        ] {
+            let p = pod(json!({"metadata": {"name": "w", "annotations": {key: value}}}));
+            assert_eq!(patch(&p, &template()).unwrap_err(), want);
+        }
     }
 
     #[test]
@@ -404,7 +660,7 @@ mod tests {
             trust_domain: "example.org".into(),
             audience: "minimesh".into(),
         });
-        let ops = patch(&pod(json!({})), &t).expect("ok").expect("a patch");
+        let ops = patch(&explicit_pod(), &t).expect("ok").expect("a patch");
         assert_eq!(ops[0]["path"], "/spec/volumes");
         let sources = &ops[0]["value"][0]["projected"]["sources"];
         assert_eq!(
@@ -431,16 +687,21 @@ mod tests {
                 "{name}"
             );
         }
-        let annotations = &ops.last().expect("ops")["value"];
-        assert!(annotations[CA_ROOT_ANNOTATION]
+        let root = ops
+            .iter()
+            .find(|o| o["path"] == "/metadata/annotations/minimesh.io~1ca-root")
+            .expect("the root annotated");
+        assert!(root["value"]
             .as_str()
             .is_some_and(|r| r.starts_with("-----BEGIN CERTIFICATE-----")));
     }
 
     #[test]
     fn ports_come_from_annotations_and_bad_ones_are_refused_by_name() {
-        let p = pod(json!({"metadata": {"name": "w", "annotations": {
-            "minimesh.io/inbound-port": "8443", "minimesh.io/app-port": "3000", "prometheus.io/scrape": "false"}}}));
+        let p = pod(
+            json!({"metadata": {"name": "w", "annotations": {CAPTURE_ANNOTATION: "disabled",
+            "minimesh.io/inbound-port": "8443", "minimesh.io/app-port": "3000", "prometheus.io/scrape": "false"}}}),
+        );
         let ops = patch(&p, &template()).expect("ok").expect("a patch");
         assert_eq!(ops[0]["value"][0]["ports"][0]["containerPort"], 8443);
         let paths: Vec<&str> = ops.iter().filter_map(|o| o["path"].as_str()).collect();
@@ -450,7 +711,7 @@ mod tests {
             "the pod's own scrape settings are kept: {paths:?}"
         );
         let p = pod(
-            json!({"metadata": {"name": "w", "annotations": {"minimesh.io/app-port": "http"}}}),
+            json!({"metadata": {"name": "w", "annotations": {CAPTURE_ANNOTATION: "disabled", "minimesh.io/app-port": "http"}}}),
         );
         assert_eq!(
             patch(&p, &template()).unwrap_err(),
@@ -484,6 +745,7 @@ mod tests {
             .decode(out["response"]["patch"].as_str().expect("patch"))
             .expect("base64");
         let ops: Vec<Value> = serde_json::from_slice(&patch).expect("ops");
-        assert_eq!(ops[0]["value"][0]["name"], SIDECAR);
+        assert_eq!(ops[0]["value"][0]["name"], INIT);
+        assert_eq!(ops[0]["value"][1]["name"], SIDECAR);
     }
 }
