@@ -12,7 +12,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use crate::http;
@@ -26,6 +25,10 @@ use ready::*;
 
 mod captured;
 mod process;
+mod state;
+mod summary;
+pub use state::{CaptureState, MeshState, Pod};
+pub use summary::print_summary;
 
 /// Port of the app inside each pod (the sidecar's inbound listener takes the Service's targetPort).
 pub const APP_PORT: u16 = 8080;
@@ -94,102 +97,6 @@ fn restart_after(s: &str) -> Result<RestartAfter, String> {
 /// parent is gone, so that even a SIGKILLed `minimesh up` leaves no orphans.
 pub const PARENT_PID_ENV: &str = "MINIMESH_PARENT_PID";
 
-/// One pod of the running mesh.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Pod {
-    /// Pod name (`<deployment>-<i>`).
-    pub name: String,
-    /// Service it belongs to.
-    pub service: String,
-    /// Deployment it belongs to.
-    pub deployment: String,
-    /// Pod address.
-    pub ip: Ipv4Addr,
-    /// Inbound (endpoint) port.
-    pub port: u16,
-    /// Zone (the EndpointSlice endpoint's `zone`).
-    #[serde(default)]
-    pub zone: String,
-    /// The pod's annotations (its deployment's).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Pod {
-    /// The app's address.
-    pub fn app(&self) -> SocketAddr {
-        SocketAddr::from((self.ip, APP_PORT))
-    }
-    /// The sidecar's admin address.
-    pub fn admin(&self) -> SocketAddr {
-        SocketAddr::from((self.ip, SIDECAR_ADMIN_PORT))
-    }
-}
-
-/// What `minimesh apply` and `minimesh get` need to find a running mesh;
-/// written to `<home>/mesh.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MeshState {
-    /// Mesh name.
-    pub name: String,
-    /// Namespace of its services.
-    pub namespace: String,
-    /// Directory the control plane watches.
-    pub config_dir: PathBuf,
-    /// Control-plane admin address.
-    pub control_plane_admin: SocketAddr,
-    /// Control-plane discovery address.
-    pub control_plane_xds: SocketAddr,
-    /// Ingress listener.
-    pub ingress: Option<SocketAddr>,
-    /// Ingress admin address.
-    pub ingress_admin: Option<SocketAddr>,
-    /// Pods.
-    pub pods: Vec<Pod>,
-    /// Process id of `minimesh up`.
-    pub pid: u32,
-    /// Process ids by process name (`control-plane`, `ingress-gateway`,
-    /// `<pod>.app`, `<pod>.sidecar`), as last started.
-    #[serde(default)]
-    pub pids: BTreeMap<String, u32>,
-    /// How long after a process exits `minimesh up` starts it again, in
-    /// milliseconds (None: never).
-    #[serde(default)]
-    pub restart_after_ms: Option<u64>,
-    /// With `--capture`: each pod's network namespace, and each Service's
-    /// virtual IP.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capture: Option<CaptureState>,
-}
-
-/// Where a capture-mode mesh's pods and Services are.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CaptureState {
-    /// The pod network's index (its bridge is `mmbr<index>`).
-    pub network: u8,
-    /// Network namespace by pod name.
-    pub namespaces: BTreeMap<String, String>,
-    /// Virtual IP by Service name.
-    pub service_ips: BTreeMap<String, Ipv4Addr>,
-}
-
-impl MeshState {
-    /// Reads `<home>/mesh.json`.
-    pub fn load(home: &Path) -> anyhow::Result<MeshState> {
-        let path = home.join("mesh.json");
-        let text = std::fs::read_to_string(&path).map_err(|_| {
-            anyhow!("no running mesh found ({} is missing): start one with `minimesh up`, or point --home at its directory", path.display())
-        })?;
-        serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a mesh state file", path.display()))
-    }
-
-    /// Number of discovery clients (sidecars and the ingress).
-    pub fn proxies(&self) -> usize {
-        self.pods.len() + usize::from(self.ingress.is_some())
-    }
-}
-
 /// A running local mesh; dropping it kills every process.
 pub struct Mesh {
     /// Where it runs.
@@ -204,6 +111,10 @@ pub struct Mesh {
     not_ready: BTreeSet<String>,
     /// With `--capture`: the pods' network, removed when the mesh is dropped.
     pod_network: Option<pod_network::PodNetwork>,
+    /// Each Service's port `appProtocol`, where the topology sets one.
+    app_protocols: BTreeMap<String, String>,
+    /// Each deployment's app command, where the topology sets one.
+    commands: BTreeMap<String, Vec<String>>,
 }
 
 /// A process of the mesh, and how to start it again.
@@ -381,7 +292,26 @@ impl Mesh {
                 .collect(),
             not_ready: BTreeSet::new(),
             pod_network: pod_net,
+            app_protocols: topo
+                .spec
+                .services
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.app_protocol.clone()?)))
+                .collect(),
+            commands: topo
+                .spec
+                .services
+                .iter()
+                .flat_map(|s| &s.deployments)
+                .filter(|d| !d.command.is_empty())
+                .map(|d| (d.name.clone(), d.command.clone()))
+                .collect(),
         };
+        if !args.capture {
+            if let Some(d) = mesh.commands.keys().next() {
+                bail!("{}: spec.services[].deployments[{d}].command: an app command runs only with --capture (the loopback mesh runs fake-service behind each sidecar)", args.topology.display());
+            }
+        }
         // Mutual TLS between every sidecar: tokens for the CA, labelled pods.
         let ids = match topo.spec.mtls {
             true => Some(identity::Identities::prepare(home, &ns, &mesh.state)?),
@@ -501,13 +431,26 @@ impl Mesh {
             .await?;
         }
         for (pod, _) in &pods {
-            wait_http(
-                &pod.app().to_string(),
-                "/health",
-                Duration::from_secs(15),
-                &mut mesh,
-            )
-            .await?;
+            // An app of the topology's own command is ready once it listens.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while mesh.commands.contains_key(&pod.deployment) && !mesh.app_ready(pod).await {
+                if let Some(exit) = mesh.exited() {
+                    bail!("{exit}");
+                }
+                if tokio::time::Instant::now() > deadline {
+                    bail!("{}: the app never listened on {}", pod.name, pod.app());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !mesh.commands.contains_key(&pod.deployment) {
+                wait_http(
+                    &pod.app().to_string(),
+                    "/health",
+                    Duration::from_secs(15),
+                    &mut mesh,
+                )
+                .await?;
+            }
             wait_http(
                 &pod.admin().to_string(),
                 "/ready",
@@ -529,6 +472,33 @@ impl Mesh {
         wait_endpoints(&mesh.state, mesh.state.pods.len(), Duration::from_secs(10)).await?;
         wait_converged(&mesh.state, Duration::from_secs(20)).await?;
         Ok(mesh)
+    }
+
+    /// True when `pod`'s app answers: fake-service's `/health`, or a
+    /// connection to an app of the topology's own command.
+    async fn app_ready(&self, pod: &Pod) -> bool {
+        if self.commands.contains_key(&pod.deployment) {
+            // From outside its namespace a connection to the pod is the
+            // sidecar's (captured), so ask the namespace what listens.
+            let Some(netns) = self
+                .state
+                .capture
+                .as_ref()
+                .and_then(|c| c.namespaces.get(&pod.name))
+            else {
+                return false;
+            };
+            let sport = format!("sport = :{APP_PORT}");
+            let out = Command::new("ip")
+                .args(["netns", "exec", netns, "ss", "-Htln", &sport])
+                .output()
+                .await;
+            return out.is_ok_and(|o| o.status.success() && !o.stdout.trim_ascii().is_empty());
+        }
+        matches!(
+            http::get(&pod.app().to_string(), "/health").await,
+            Ok((200, _))
+        )
     }
 
     /// Writes `<home>/mesh.json`, which `minimesh get`, `apply` and `kill` read.
@@ -555,8 +525,12 @@ impl Mesh {
             .as_ref()
             .and_then(|c| c.service_ips.get(name))
             .map_or(String::new(), |ip| format!("\n  clusterIP: {ip}"));
+        let app_protocol = self
+            .app_protocols
+            .get(name)
+            .map_or(String::new(), |p| format!("\n    appProtocol: {p}"));
         let mut y = format!(
-            "# Written by minimesh up, as a cluster's endpoint controller would.\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:{cluster_ip}\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}\n    protocol: TCP\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-local\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: {target_port}\n  protocol: TCP\nendpoints:"
+            "# Written by minimesh up, as a cluster's endpoint controller would.\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:{cluster_ip}\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}\n    protocol: TCP{app_protocol}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-local\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: {target_port}\n  protocol: TCP\nendpoints:"
         );
         let pods: Vec<&Pod> = self
             .state
@@ -624,43 +598,6 @@ pub async fn up(home: PathBuf, args: UpArgs) -> anyhow::Result<()> {
     println!("stopping mesh ...");
     mesh.stop().await;
     result
-}
-
-/// Prints what runs where.
-pub fn print_summary(s: &MeshState) {
-    println!("mesh {:?} is up (namespace {}):", s.name, s.namespace);
-    println!(
-        "  control plane   xds {}  admin http://{}",
-        s.control_plane_xds, s.control_plane_admin
-    );
-    if let (Some(i), Some(a)) = (s.ingress, s.ingress_admin) {
-        println!("  ingress         http://{i}  admin http://{a}");
-    }
-    let mut by_svc: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-    for p in &s.pods {
-        by_svc.entry(&p.service).or_default().push(p);
-    }
-    for (svc, pods) in by_svc {
-        for p in pods {
-            println!(
-                "  {svc:<15} pod {:<20} endpoint {}:{}  app {}  sidecar admin http://{}",
-                p.name,
-                p.ip,
-                p.port,
-                p.app(),
-                p.admin()
-            );
-        }
-    }
-    println!("  config dir      {}", s.config_dir.display());
-    match s.restart_after_ms {
-        Some(ms) => println!(
-            "A process that exits is started again after {}s (--restart-after); try `minimesh kill POD`.",
-            ms as f64 / 1000.0
-        ),
-        None => println!("A process that exits stays down (--restart-after never); try `minimesh kill POD`."),
-    }
-    println!("Ctrl-C stops everything.");
 }
 
 /// Sends `signal` to `pid` (the process `name`) with kill(1).

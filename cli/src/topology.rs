@@ -111,6 +111,12 @@ pub struct ServiceDef {
     /// Pod port (where each pod's inbound listener takes traffic).
     #[serde(default = "default_target_port")]
     pub target_port: u16,
+    /// The port's `appProtocol` (`grpc`, `http2`, `tcp`, ...), as a
+    /// Service's: it says how sidecars speak to the pods and proxy a
+    /// captured connection (docs/capture.md). Unset: the port is named
+    /// `http`.
+    #[serde(default)]
+    pub app_protocol: Option<String>,
     /// Deployments selected by the service.
     pub deployments: Vec<Deployment>,
 }
@@ -135,6 +141,12 @@ pub struct Deployment {
     /// fake-service environment (MESSAGE, TIMING_50_PERCENTILE, UPSTREAM_URIS, …).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// With `minimesh up --capture`: the app's command in place of
+    /// fake-service (any program, unchanged: it gets `LISTEN_ADDR`,
+    /// `POD_NAME` and `env`, and must listen on port 8080). Not expanded
+    /// by a shell; start one (`[sh, -c, ...]`) to use variables.
+    #[serde(default)]
+    pub command: Vec<String>,
     /// Zone of its pods, written into the EndpointSlice as a cluster's
     /// endpoint controller writes its node's zone (default `local`). The
     /// pods' sidecars take it as their own zone, for zone failover.

@@ -53,9 +53,13 @@ impl Mesh {
                 );
             }
             let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &netns])
-                .arg(&app)
-                .env("LISTEN_ADDR", format!("0.0.0.0:{APP_PORT}"))
+            cmd.args(["netns", "exec", &netns]);
+            match self.commands.get(&pod.deployment) {
+                Some(command) => cmd.args(command),
+                None => cmd.arg(&app),
+            };
+            cmd.env("LISTEN_ADDR", format!("0.0.0.0:{APP_PORT}"))
+                .env("POD_NAME", &pod.name)
                 .env("NAME", &pod.service);
             for (k, v) in env {
                 cmd.env(k, v);

@@ -160,10 +160,7 @@ impl Mesh {
                 continue;
             };
             if running
-                && matches!(
-                    http::get(&p.app().to_string(), "/health").await,
-                    Ok((200, _))
-                )
+                && self.app_ready(&p).await
                 && matches!(
                     http::get(&p.admin().to_string(), "/ready").await,
                     Ok((200, _))
