@@ -92,6 +92,13 @@ pub struct BenchArgs {
     /// rounds. Not with --baseline-sidecar (an older build may not speak it).
     #[arg(long)]
     pub mtls: bool,
+    /// For `overhead`: also measure transparent capture (Linux, root): one
+    /// pod in a network namespace with the capture rules, its sidecar
+    /// reached through capture and through its explicit inbound listener in
+    /// the same rounds, and the two set against each other round by round
+    /// (docs/capture.md).
+    #[arg(long)]
+    pub capture: bool,
     /// For `control-plane`: numbers of simulated sidecars, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1000usize, 5000, 10000])]
     pub sidecars: Vec<usize>,
@@ -172,6 +179,9 @@ pub async fn run(home: PathBuf, args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.mtls && args.scenario != "overhead" {
         bail!("--mtls: only `minimesh bench overhead` takes it");
+    }
+    if args.capture && args.scenario != "overhead" {
+        bail!("--capture: only `minimesh bench overhead` takes it");
     }
     if args.scenario == "soak" {
         if !(args.qps > 0.0 && args.qps <= 10_000.0) {

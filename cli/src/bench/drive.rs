@@ -143,7 +143,12 @@ impl Client {
 
     async fn connect(&mut self, to: SocketAddr) -> anyhow::Result<SendRequest<Empty<Bytes>>> {
         let sock = TcpSocket::new_v4()?;
-        sock.bind(SocketAddr::from((self.ip, 0)))?;
+        // A user's own loopback address, for source-IP hashing; a pod of a
+        // network namespace (`--capture`) is reached from the host's
+        // address on its bridge, which the kernel picks.
+        if to.ip().is_loopback() {
+            sock.bind(SocketAddr::from((self.ip, 0)))?;
+        }
         let stream = sock.connect(to).await?;
         stream.set_nodelay(true)?;
         let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;

@@ -37,6 +37,7 @@ mod generator;
 pub use generator::Generator;
 use generator::*;
 
+mod captured;
 mod mtls;
 mod paired;
 mod rounds;
@@ -224,10 +225,30 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
     )
     .await?;
     let baseline = args.baseline_sidecar.as_deref();
+    let capture_pod = match args.capture {
+        true => match captured::CapturePod::start(out).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                mesh.stop().await;
+                return Err(e);
+            }
+        },
+        false => None,
+    };
     let result = paths(
-        &mesh, out, rate, duration, no_peers, &generator, rounds, baseline, args.mtls,
+        &mesh,
+        out,
+        rate,
+        duration,
+        no_peers,
+        &generator,
+        rounds,
+        baseline,
+        args.mtls,
+        capture_pod.as_ref(),
     )
     .await;
+    drop(capture_pod);
     mesh.stop().await;
     let results = result?;
     let mut s = String::new();
@@ -281,6 +302,10 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
         s,
         "(medians of the rounds; +p50/+p99: added over the direct path; CPU and RSS of the proxies on the path, from /proc: CPU s/1000req at the fixed rate, CPU us/req at saturation; peak RSS at the fixed rate, before any saturation)"
     );
+    let capture_cost = captured::cost(&results);
+    if let Some(c) = &capture_cost {
+        s.push_str(&captured::summary(c));
+    }
     let floor = cpu_floor(&results);
     if let Some(f) = &floor {
         let _ = writeln!(
@@ -339,6 +364,7 @@ pub async fn run(home: &Path, args: &super::BenchArgs, generator: Generator) -> 
             "paths": results,
             "sidecar_against_peers": pairs,
             "cpu_floor": floor,
+            "capture_against_explicit": capture_cost,
         }),
     )
 }
@@ -354,6 +380,7 @@ async fn paths(
     rounds: usize,
     baseline: Option<&Path>,
     mtls: bool,
+    capture: Option<&captured::CapturePod>,
 ) -> anyhow::Result<Vec<PathResult>> {
     let pod = mesh
         .state
@@ -422,6 +449,9 @@ async fn paths(
         pair_pids.collect(),
     );
     specs.extend(mtls.then_some(mtls_pair));
+    if let Some(c) = capture {
+        specs.extend(c.specs(target));
+    }
     // The ingress gateway straight to the app: the row set against nginx
     // in front of an app (issue 31).
     if let Some(ingress) = mesh.state.ingress {
