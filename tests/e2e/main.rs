@@ -5,6 +5,7 @@ mod admission;
 mod balancing;
 mod bench;
 mod capture;
+mod capture_rules;
 mod config;
 mod connection_pool;
 mod deploy;

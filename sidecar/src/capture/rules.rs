@@ -136,10 +136,28 @@ mod tests {
     use super::*;
 
     /// The option sets of the golden files: one per annotation (with
-    /// Istio's and minimesh's prefixes), and their combinations.
+    /// Istio's and minimesh's prefixes), and their combinations, after
+    /// istio-iptables' golden cases (`empty`, `inbound-ports-include`,
+    /// `inbound-ports-wildcard`, `inbound-wildcard-exclude`, `ip-range`,
+    /// `ipnets`, `loopback-outbound-iprange`, `outbound-ports-exclude`,
+    /// `outbound-ports-exclude-single`; its uid/gid cases are `uid-gid`
+    /// below). Its TPROXY, DNS, IPv6, interface and owner-group options
+    /// are not minimesh's: their annotations are refused
+    /// (`minimesh_proto::capture`).
     fn cases() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
         vec![
             ("default", vec![]),
+            (
+                "exclude-outbound-port-single",
+                vec![("traffic.sidecar.istio.io/excludeOutboundPorts", "5432")],
+            ),
+            (
+                "loopback-outbound-iprange",
+                vec![(
+                    "traffic.sidecar.istio.io/includeOutboundIPRanges",
+                    "127.0.0.1/32,198.19.0.0/16",
+                )],
+            ),
             (
                 "exclude-outbound-ports",
                 vec![("traffic.sidecar.istio.io/excludeOutboundPorts", "5432,6379")],
@@ -208,9 +226,26 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/capture/testdata");
         let update = std::env::var_os("UPDATE_GOLDEN").is_some();
         let mut failed = Vec::new();
-        for (name, annotations) in cases() {
-            let settings =
-                CaptureSettings::from_annotations(annotations).expect("valid annotations");
+        let mut all: Vec<(&str, CaptureSettings)> = cases()
+            .into_iter()
+            .map(|(name, a)| {
+                (
+                    name,
+                    CaptureSettings::from_annotations(a).expect("valid annotations"),
+                )
+            })
+            .collect();
+        // The sidecar under another user and group (istio-iptables'
+        // `--proxy-uid`/`--proxy-gid`).
+        all.push((
+            "uid-gid",
+            CaptureSettings {
+                proxy_uid: 1000,
+                proxy_gid: 2000,
+                ..CaptureSettings::default()
+            },
+        ));
+        for (name, settings) in all {
             let got = ruleset(&settings);
             let path = dir.join(format!("{name}.nft"));
             if update {
