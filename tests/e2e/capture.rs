@@ -60,6 +60,16 @@ spec:
     - name: direct
       annotations:
         traffic.sidecar.istio.io/excludeInboundPorts: "8080"
+  # A port of no protocol Istio knows: detected from the first bytes.
+  - name: detected
+    appProtocol: custom
+    deployments:
+    - name: detected
+  # An opaque TCP port: balanced per connection, bytes untouched.
+  - name: opaque
+    appProtocol: tcp
+    deployments:
+    - name: opaque
 "#;
 
 const ROUND_ROBIN: &str = r#"
@@ -542,6 +552,40 @@ async fn the_books_apps_join_unchanged_and_are_balanced_through_capture() {
         );
     }
 
+    // A port of unknown protocol is detected as HTTP from the request's
+    // first bytes; a TCP port is proxied as bytes, over mutual TLS too.
+    let web = c.admin("simple-web-0");
+    let outbound = |how: &'static str| [("side", "outbound"), ("proxied", how)];
+    for (svc, how) in [("detected", "http"), ("opaque", "tcp")] {
+        let before = metric(web, "minimesh_captured_connections_total", &outbound(how)).await;
+        let body = stdout_of(
+            c.exec("simple-web-0", "curl")
+                .args(["-s", &format!("http://{svc}/")]),
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).expect("fake-service JSON");
+        assert_eq!(v["name"], svc, "{body}");
+        let after = metric(web, "minimesh_captured_connections_total", &outbound(how)).await;
+        assert_eq!(after, before + 1, "{svc}: proxied as {how}");
+    }
+    let opaque_in = metric(
+        c.admin("opaque-0"),
+        "minimesh_captured_connections_total",
+        &[
+            ("side", "inbound"),
+            ("proxied", "tcp"),
+            ("tls", "mutual"),
+            (
+                "peer",
+                "spiffe://cluster.local/ns/istioinaction/sa/simple-web",
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        opaque_in, 1,
+        "opaque-0 took the TCP connection over mutual TLS"
+    );
+
     // Outside the mesh: a TCP echo and an HTTPS server of their own.
     let mut outside = Outside::new(k, 200);
     outside.serve(
@@ -735,6 +779,41 @@ fn assert_network_gone(k: u8) {
     assert!(!Path::new(&format!("/run/minimesh/netns/{k}")).exists());
 }
 
+/// Without root, `minimesh up --capture` refuses at once and says why.
+#[test]
+fn without_root_capture_is_refused_clearly() {
+    if cannot_run().is_some() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = std::env::temp_dir().join(format!("minimesh-capture-nonroot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let topology = dir.join("topology.yaml");
+    std::fs::write(&topology, SMALL).expect("topology");
+    let mut perms = std::fs::metadata(&dir).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o777);
+    std::fs::set_permissions(&dir, perms).expect("chmod");
+    let out = Command::new(bin("minimesh"))
+        .args([
+            "--home",
+            &path_str(&dir.join("home")),
+            "up",
+            &path_str(&topology),
+            "--capture",
+        ])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("minimesh up");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--capture needs root: it makes network namespaces and writes nftables rules (run as root, or without --capture for the loopback mesh)"),
+        "{err}"
+    );
+}
+
 const SMALL: &str = r#"
 apiVersion: minimesh.io/v1alpha1
 kind: LocalMesh
@@ -887,4 +966,84 @@ async fn grpc_over_h2c_through_capture_is_balanced_per_call() {
     assert_eq!(out, "who: greeter-0=20 greeter-1=20 greeter-2=20\n");
     let k = c.stop().await;
     assert_network_gone(k);
+}
+
+/// `minimesh bench overhead --capture`: the capture pod's two paths (its
+/// sidecar through capture, and through its explicit listener) are
+/// measured in the same rounds with no request failed, and set against
+/// each other round by round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_overhead_sets_capture_against_the_explicit_listener() {
+    if cannot_run().is_some() {
+        return;
+    }
+    let net = Net::new(145);
+    let out = net.dir.join("bench");
+    let o = Command::new(bin("minimesh"))
+        .arg("--home")
+        .arg(net.dir.join("home"))
+        .args([
+            "bench",
+            "overhead",
+            "--capture",
+            "--scale",
+            "0.1",
+            "--rounds",
+            "2",
+        ])
+        .args(["--no-peers", "--load-generator", "built-in"])
+        .args(["--network", &net.ip(0).to_string()])
+        .args(["--ingress", &net.addr(252, 30000).to_string()])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("overhead/overhead.json")).expect("overhead.json"),
+    )
+    .expect("JSON");
+    let path = |name: &str| {
+        v["paths"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["path"] == name))
+            .unwrap_or_else(|| panic!("no {name} row: {v:#}"))
+            .clone()
+    };
+    let (explicit, captured) = (
+        path("capture: explicit inbound"),
+        path("capture: captured inbound"),
+    );
+    for row in [&explicit, &captured] {
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["max_rps"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+    }
+    let c = &v["capture_against_explicit"];
+    for round in 0..2 {
+        let cpu =
+            |row: &serde_json::Value| row["cpu_s_per_1000_rounds"][round].as_f64().unwrap_or(0.0);
+        if cpu(&explicit) > 0.0 {
+            let got = c["cpu_ratio_rounds"][round].as_f64().unwrap_or(-1.0);
+            assert!((got - cpu(&captured) / cpu(&explicit)).abs() < 1e-9, "{c}");
+        }
+        let p50 = |row: &serde_json::Value| row["p50_ms_rounds"][round].as_f64().unwrap_or(0.0);
+        let got = c["p50_diff_ms_rounds"][round].as_f64().unwrap_or(-1.0);
+        assert!(
+            (got - (p50(&captured) - p50(&explicit))).abs() < 1e-9,
+            "{c}"
+        );
+    }
+    let summary = std::fs::read_to_string(out.join("overhead/summary.txt")).expect("summary");
+    assert!(
+        summary.contains("capture against the explicit listener"),
+        "{summary}"
+    );
+    // The capture pod's network is gone with the bench.
+    let netns = stdout_of(Command::new("ip").args(["netns", "list"]));
+    assert!(!netns.contains("overhead-echo"), "{netns}");
 }

@@ -26,6 +26,9 @@ const OWNERS: &str = "/run/minimesh/netns";
 /// Where `ip netns exec` finds a namespace's own `/etc` files.
 const NETNS_ETC: &str = "/etc/netns";
 
+/// Each pod's `/etc/resolv.conf`: Service names resolve from its hosts file.
+const RESOLV_CONF: &str = "# Written by minimesh up --capture: no DNS server runs in the pod network;\n# Service names resolve from /etc/hosts.\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n";
+
 /// One mesh's pod network.
 pub struct PodNetwork {
     index: u8,
@@ -256,6 +259,12 @@ impl PodNetwork {
         std::fs::create_dir_all(&etc).with_context(|| format!("creating {}", etc.display()))?;
         std::fs::write(etc.join("hosts"), hosts)
             .with_context(|| format!("writing {}", etc.join("hosts").display()))?;
+        // No DNS server runs in the pod network: a name that is no
+        // Service's fails at once (nothing answers on the pod's own
+        // loopback) rather than after the host's resolvers time out from a
+        // network that cannot reach them.
+        std::fs::write(etc.join("resolv.conf"), RESOLV_CONF)
+            .with_context(|| format!("writing {}", etc.join("resolv.conf").display()))?;
         Ok(ns)
     }
 
