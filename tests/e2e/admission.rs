@@ -373,6 +373,54 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
         "true"
     );
 
+    // The book's apps as the demo ships them (deploy/examples/demo/apps.yaml:
+    // apps on 0.0.0.0:8080, Services targeting 8080, a readiness probe),
+    // applied unchanged with the real kubectl: each pod, created by its
+    // ReplicaSet with only a generateName, gets the init step and the
+    // sidecar, its app container as written but for the probe.
+    let apps = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/demo/apps.yaml"),
+    )
+    .expect("apps.yaml");
+    let (ok, out, err) = kubectl(&net, &["apply", "-n", "demo", "-f", "-"], Some(&apps)).await;
+    assert!(ok, "{out}{err}");
+    let book: Vec<Value> = pods(&net)
+        .await
+        .into_iter()
+        .filter(|p| {
+            p["metadata"]["labels"]["app"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("simple-"))
+        })
+        .collect();
+    assert_eq!(
+        book.len(),
+        4,
+        "simple-web and three simple-backends: {book:#?}"
+    );
+    for pod in &book {
+        let generated = pod["metadata"]["generateName"]
+            .as_str()
+            .expect("generateName");
+        assert!(
+            pod["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(generated)),
+            "{pod:#}"
+        );
+        let init = &pod["spec"]["initContainers"][0];
+        assert_eq!(init["name"], "minimesh-init");
+        assert_eq!(
+            init["securityContext"]["capabilities"],
+            serde_json::json!({"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]})
+        );
+        assert_eq!(pod["spec"]["initContainers"][1]["name"], "minimesh-sidecar");
+        let app = &pod["spec"]["containers"][0];
+        assert_eq!(env(app, "LISTEN_ADDR"), Some("0.0.0.0:8080".into()));
+        assert_eq!(env(app, "HTTP_PROXY"), None);
+        assert_eq!(app["readinessProbe"]["httpGet"]["port"], 15000, "{pod:#}");
+    }
+
     // A pod labelled out is left alone, in the labelled namespace.
     let opted_out = DEPLOYMENT
         .replace("name: web\n", "name: db\n")

@@ -207,11 +207,17 @@ fn the_demo_runs_every_app_with_a_sidecar_and_the_control_plane_highly_available
             env_of(sidecar, "MINIMESH_CAPTURE").expect("capture")["value"],
             "true"
         );
-        // The app as the book writes it: untouched, on 0.0.0.0:8080, no proxy.
+        // The app as the book writes it: untouched but for its HTTP probe,
+        // which the sidecar makes for the kubelet; on 0.0.0.0:8080, no proxy.
         let app = &spec["containers"][0];
+        let mut written = d["spec"]["template"]["spec"]["containers"][0].clone();
+        let container = written["name"].as_str().unwrap_or_default().to_string();
+        written["readinessProbe"]["httpGet"] = serde_json::json!({
+            "path": format!("/app-health/{container}/readyz"), "port": 15000, "scheme": "HTTP"});
+        assert_eq!(app, &written, "{name}: the app was changed");
         assert_eq!(
-            app, &d["spec"]["template"]["spec"]["containers"][0],
-            "{name}: the app was changed"
+            env_of(sidecar, "MINIMESH_APP_PROBES").expect("probes")["value"],
+            format!(r#"{{"/app-health/{container}/readyz":{{"path":"/health","port":8080}}}}"#)
         );
         assert_eq!(
             env_of(app, "LISTEN_ADDR").expect("LISTEN_ADDR")["value"],

@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's DestinationRule comes last: served only when the fake is started
 /// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 14] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 15] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -79,6 +79,7 @@ const COLLECTIONS: [(&str, &str, &str, &str); 14] = [
         "peerauthentications",
         "PeerAuthentication",
     ),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
 ];
 const ISTIO: usize = 4;
 const WEBHOOKS: usize = 6;
