@@ -670,15 +670,19 @@ mod tests {
         assert_eq!(resolve_host("b.x.example.com", "ns"), None);
     }
 
-    #[test]
-    fn port_protocol_follows_app_protocol_then_the_name() {
-        let port = |name: Option<&str>, app: Option<&str>| ServicePort {
+    /// Port 80 named `name` with `appProtocol` `app`.
+    fn port(name: Option<&str>, app: Option<&str>) -> ServicePort {
+        ServicePort {
             name: name.map(str::to_string),
             port: 80,
             target_port: None,
             protocol: None,
             app_protocol: app.map(str::to_string),
-        };
+        }
+    }
+
+    #[test]
+    fn port_protocol_follows_app_protocol_then_the_name() {
         let h2 = UpstreamProtocol::Http2;
         let h1 = UpstreamProtocol::Http1;
         for (name, app, want) in [
@@ -702,13 +706,6 @@ mod tests {
 
     #[test]
     fn captured_ports_are_http_tcp_or_detected_as_istio_selects_them() {
-        let port = |name: Option<&str>, app: Option<&str>| ServicePort {
-            name: name.map(str::to_string),
-            port: 80,
-            target_port: None,
-            protocol: None,
-            app_protocol: app.map(str::to_string),
-        };
         let (http, tcp, detect) = (PortProtocol::Http, PortProtocol::Tcp, PortProtocol::Detect);
         for (name, app, want) in [
             (None, None, detect),

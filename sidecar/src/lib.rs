@@ -387,16 +387,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster =
             routing::app_cluster(app, &args.workload, args.app_protocol, pool_defaults);
-        let table = Routing::only(app_cluster);
-        let in_proxy = Arc::new(Proxy {
-            routing: Arc::new(ArcSwap::from_pointee(table)),
-            ready: Arc::new(AtomicBool::new(true)),
-            trust_forwarded_for: false,
-            client_idle_timeout: nonzero(args.client_idle_timeout),
-            head_limits,
-            inbound: true,
-            edge: None,
-        });
+        let in_proxy = inbound_proxy(Routing::only(app_cluster), &args, head_limits);
         serve_on_loops(
             "inbound",
             listener,
@@ -427,15 +418,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ));
         // Each connection goes to the app's proxy for its port (the
         // capture's); this one only carries the listener's settings.
-        let proxy = Arc::new(Proxy {
-            routing: Arc::new(ArcSwap::from_pointee(Routing::default())),
-            ready: Arc::new(AtomicBool::new(true)),
-            trust_forwarded_for: false,
-            client_idle_timeout: nonzero(args.client_idle_timeout),
-            head_limits,
-            inbound: true,
-            edge: None,
-        });
+        let proxy = inbound_proxy(Routing::default(), &args, head_limits);
         serve_on_loops(
             "inbound-capture",
             listener,
@@ -531,6 +514,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     sweeper.abort();
     info!("sidecar stopped");
     Ok(())
+}
+
+/// An inbound listener's proxy: to the app, with `routing`, always ready.
+fn inbound_proxy(routing: Routing, args: &Args, head_limits: proxy::HeadLimits) -> Arc<Proxy> {
+    Arc::new(Proxy {
+        routing: Arc::new(ArcSwap::from_pointee(routing)),
+        ready: Arc::new(AtomicBool::new(true)),
+        trust_forwarded_for: false,
+        client_idle_timeout: nonzero(args.client_idle_timeout),
+        head_limits,
+        inbound: true,
+        edge: None,
+    })
 }
 
 async fn shutdown_signal() {

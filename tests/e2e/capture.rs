@@ -338,6 +338,14 @@ impl Outside {
         c
     }
 
+    /// The status of a plain curl GET of `url` from this namespace.
+    fn status_of(&self, url: &str) -> String {
+        stdout_of(
+            self.exec("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", url]),
+        )
+    }
+
     fn serve(&mut self, name: &str, log: &Path, program: &str, args: &[&str]) {
         let child = self
             .exec(program)
@@ -688,15 +696,7 @@ async fn the_books_apps_join_unchanged_and_are_balanced_through_capture() {
 
     // An excluded inbound port: an unmeshed client reaches the app itself.
     let direct = format!("http://{}:8080/", c.pod_ips["direct-0"]);
-    let code = stdout_of(outside.exec("curl").args([
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &direct,
-    ]));
-    assert_eq!(code, "200");
+    assert_eq!(outside.status_of(&direct), "200");
     let inbound = [("side", "inbound")];
     assert_eq!(
         metric(
@@ -711,15 +711,11 @@ async fn the_books_apps_join_unchanged_and_are_balanced_through_capture() {
 
     // PERMISSIVE serves a plaintext client outside the mesh; STRICT refuses it.
     let backend = format!("http://{}:8080/", c.pod_ips["simple-backend-1-0"]);
-    let code = stdout_of(outside.exec("curl").args([
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &backend,
-    ]));
-    assert_eq!(code, "200", "PERMISSIVE serves plaintext");
+    assert_eq!(
+        outside.status_of(&backend),
+        "200",
+        "PERMISSIVE serves plaintext"
+    );
     c.apply(&net.dir, "strict.yaml", STRICT);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {

@@ -234,6 +234,14 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             }
         }
     }
+    mark_injected(pod, t, Vec::new(), &mut ops);
+    Ok(Some(ops))
+}
+
+/// Labels the pod as a proxy's and annotates it as injected (with `extra`
+/// annotations, the mesh's root with a CA, and the sidecar's port for
+/// Prometheus unless the pod names its own).
+fn mark_injected(pod: &Value, t: &Template, extra: Vec<(&str, String)>, ops: &mut Vec<Value>) {
     // What a PodMonitor (deploy/monitoring) selects proxies by.
     if pod["metadata"]["labels"].is_object() {
         ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(PROXY_LABEL)), "value": "sidecar"}));
@@ -243,6 +251,7 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
         );
     }
     let mut annotations = vec![(INJECTED, "true".to_string())];
+    annotations.extend(extra);
     if let Some(id) = &t.identity {
         annotations.push((CA_ROOT_ANNOTATION, id.root_pem.clone()));
     }
@@ -254,8 +263,7 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             ("prometheus.io/path", "/metrics".into()),
         ]);
     }
-    annotate(pod, annotations, &mut ops);
-    Ok(Some(ops))
+    annotate(pod, annotations, ops);
 }
 
 /// An environment variable of a container.
@@ -401,28 +409,8 @@ fn captured(pod: &Value, t: &Template) -> Result<Vec<Value>, String> {
         }
     }
     ops.extend(probe_ops);
-    if pod["metadata"]["labels"].is_object() {
-        ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(PROXY_LABEL)), "value": "sidecar"}));
-    } else {
-        ops.push(
-            json!({"op": "add", "path": "/metadata/labels", "value": {PROXY_LABEL: "sidecar"}}),
-        );
-    }
-    let mut notes = vec![
-        (INJECTED, "true".to_string()),
-        (CAPTURE_ANNOTATION, "enabled".to_string()),
-    ];
-    if let Some(id) = &t.identity {
-        notes.push((CA_ROOT_ANNOTATION, id.root_pem.clone()));
-    }
-    if !pod["metadata"]["annotations"]["prometheus.io/scrape"].is_string() {
-        notes.extend([
-            ("prometheus.io/scrape", "true".into()),
-            ("prometheus.io/port", ADMIN_PORT.to_string()),
-            ("prometheus.io/path", "/metrics".into()),
-        ]);
-    }
-    annotate(pod, notes, &mut ops);
+    let captured = vec![(CAPTURE_ANNOTATION, "enabled".to_string())];
+    mark_injected(pod, t, captured, &mut ops);
     Ok(ops)
 }
 
