@@ -24,6 +24,8 @@ pub use ready::wait_converged;
 use ready::*;
 
 mod captured;
+mod gateway;
+mod loopback;
 mod process;
 mod state;
 mod summary;
@@ -212,32 +214,7 @@ impl Mesh {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
         let cp_ip = offset(net, 254);
-        let mut pods = Vec::new();
-        let mut next = 1u8;
-        for svc in &topo.spec.services {
-            for d in &svc.deployments {
-                for i in 0..d.replicas {
-                    // Captured, a pod is reached on its app's own port.
-                    let (ip, port) = match &pod_net {
-                        Some(pn) => (pn.pod_ip(next), APP_PORT),
-                        None => (offset(net, next), svc.target_port),
-                    };
-                    pods.push((
-                        Pod {
-                            name: format!("{}-{i}", d.name),
-                            service: svc.name.clone(),
-                            deployment: d.name.clone(),
-                            ip,
-                            port,
-                            zone: d.zone.clone(),
-                            annotations: d.annotations.clone(),
-                        },
-                        d.env.clone(),
-                    ));
-                    next += 1;
-                }
-            }
-        }
+        let pods = plan_pods(&topo, net, pod_net.as_ref());
         let ingress = topo.spec.ingress.as_ref().map(|i| {
             args.ingress
                 .unwrap_or_else(|| moved(i.listen, topo.spec.network, net))
@@ -317,7 +294,6 @@ impl Mesh {
             true => Some(identity::Identities::prepare(home, &ns, &mesh.state)?),
             false => None,
         };
-        let mtls_args = |workload: &str| identity::sidecar_args(ids.as_ref(), workload);
         // Services first (no endpoints yet), so that routes exist from the start.
         for (name, port, target) in mesh.services.clone() {
             mesh.write_service(&name, port, target, false)?;
@@ -347,118 +323,22 @@ impl Mesh {
         )
         .await?;
 
-        let sidecar = binary("sidecar")?;
-        let app = binary("fake-service")?;
         // With mutual TLS, discovery is TLS too.
         let scheme = if ids.is_some() { "https" } else { "http" };
         let xds = format!("{scheme}://{}", s.control_plane_xds);
         if let Some(c) = &mesh.state.capture {
             mesh.start_captured_pods(c.clone(), &pods, &xds, &ids, args.sidecar_worker_threads)?;
         }
-        for (pod, env) in pods.iter().filter(|_| !args.capture) {
-            let mut cmd = Command::new(&app);
-            cmd.env("LISTEN_ADDR", pod.app().to_string())
-                .env("NAME", &pod.service)
-                .env("HTTP_PROXY", format!("http://{}:{OUTBOUND_PORT}", pod.ip));
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            mesh.spawn(&format!("{}.app", pod.name), &mut cmd)?;
-            mesh.spawn(
-                &format!("{}.sidecar", pod.name),
-                Command::new(&sidecar)
-                    .args([
-                        "--xds-addr",
-                        &xds,
-                        "--workload",
-                        &pod.name,
-                        "--namespace",
-                        &ns,
-                    ])
-                    .args(["--outbound", &format!("{}:{OUTBOUND_PORT}", pod.ip)])
-                    .args(["--inbound", &format!("{}:{}", pod.ip, pod.port)])
-                    .args(["--app", &pod.app().to_string()])
-                    .args(["--admin", &pod.admin().to_string()])
-                    .args(mtls_args(&pod.name))
-                    .args(
-                        args.sidecar_worker_threads
-                            .map(|n| ["--worker-threads".to_string(), n.to_string()])
-                            .into_iter()
-                            .flatten(),
-                    ),
-            )?;
+        if !args.capture {
+            mesh.start_loopback_pods(&pods, &xds, ids.as_ref(), args.sidecar_worker_threads)?;
         }
         if let (Some(listen), Some(admin), Some(ing)) =
             (s.ingress, s.ingress_admin, &topo.spec.ingress)
         {
-            let mut cmd = Command::new(&sidecar);
-            cmd.args([
-                "--mode",
-                "gateway",
-                "--xds-addr",
-                &xds,
-                "--workload",
-                identity::GATEWAY,
-                "--namespace",
-                &ns,
-            ])
-            .args([
-                "--outbound",
-                &listen.to_string(),
-                "--admin",
-                &admin.to_string(),
-            ])
-            .args(mtls_args(identity::GATEWAY));
-            for (host, svc) in &ing.hosts {
-                cmd.args(["--route", &format!("{host}={svc}.{ns}")]);
-            }
-            if let Some(d) = &ing.default_service {
-                cmd.args(["--default-route", &format!("{d}.{ns}")]);
-            }
-            if let Some(z) = &ing.zone {
-                cmd.args(["--zone", z]);
-            }
-            if ing.debug_headers {
-                cmd.arg("--debug-headers");
-            }
-            mesh.spawn("ingress-gateway", &mut cmd)?;
-            wait_http(
-                &admin.to_string(),
-                "/ready",
-                Duration::from_secs(15),
-                &mut mesh,
-            )
-            .await?;
-        }
-        for (pod, _) in &pods {
-            // An app of the topology's own command is ready once it listens.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            while mesh.commands.contains_key(&pod.deployment) && !mesh.app_ready(pod).await {
-                if let Some(exit) = mesh.exited() {
-                    bail!("{exit}");
-                }
-                if tokio::time::Instant::now() > deadline {
-                    bail!("{}: the app never listened on {}", pod.name, pod.app());
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            if !mesh.commands.contains_key(&pod.deployment) {
-                wait_http(
-                    &pod.app().to_string(),
-                    "/health",
-                    Duration::from_secs(15),
-                    &mut mesh,
-                )
+            mesh.start_gateway(listen, admin, ing, &xds, ids.as_ref())
                 .await?;
-            }
-            wait_http(
-                &pod.admin().to_string(),
-                "/ready",
-                Duration::from_secs(15),
-                &mut mesh,
-            )
-            .await?;
         }
+        mesh.wait_pods_ready(&pods).await?;
         // Every pod is up: publish the endpoints, as the endpoint controller would.
         for (name, port, target) in mesh.services.clone() {
             mesh.write_service(&name, port, target, true)?;
@@ -472,6 +352,43 @@ impl Mesh {
         wait_endpoints(&mesh.state, mesh.state.pods.len(), Duration::from_secs(10)).await?;
         wait_converged(&mesh.state, Duration::from_secs(20)).await?;
         Ok(mesh)
+    }
+
+    /// Waits until every pod's app answers and its sidecar is ready.
+    async fn wait_pods_ready(
+        &mut self,
+        pods: &[(Pod, BTreeMap<String, String>)],
+    ) -> anyhow::Result<()> {
+        for (pod, _) in pods {
+            // An app of the topology's own command is ready once it listens.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while self.commands.contains_key(&pod.deployment) && !self.app_ready(pod).await {
+                if let Some(exit) = self.exited() {
+                    bail!("{exit}");
+                }
+                if tokio::time::Instant::now() > deadline {
+                    bail!("{}: the app never listened on {}", pod.name, pod.app());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !self.commands.contains_key(&pod.deployment) {
+                wait_http(
+                    &pod.app().to_string(),
+                    "/health",
+                    Duration::from_secs(15),
+                    self,
+                )
+                .await?;
+            }
+            wait_http(
+                &pod.admin().to_string(),
+                "/ready",
+                Duration::from_secs(15),
+                self,
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// True when `pod`'s app answers: fake-service's `/health`, or a
@@ -560,6 +477,42 @@ impl Mesh {
             &y,
         )
     }
+}
+
+/// Every pod of the topology (each deployment's replicas in order) with its
+/// environment: on the loopback network, or in the pod network when captured.
+fn plan_pods(
+    topo: &Topology,
+    net: Ipv4Addr,
+    pod_net: Option<&pod_network::PodNetwork>,
+) -> Vec<(Pod, BTreeMap<String, String>)> {
+    let mut pods = Vec::new();
+    let mut next = 1u8;
+    for svc in &topo.spec.services {
+        for d in &svc.deployments {
+            for i in 0..d.replicas {
+                // Captured, a pod is reached on its app's own port.
+                let (ip, port) = match pod_net {
+                    Some(pn) => (pn.pod_ip(next), APP_PORT),
+                    None => (offset(net, next), svc.target_port),
+                };
+                pods.push((
+                    Pod {
+                        name: format!("{}-{i}", d.name),
+                        service: svc.name.clone(),
+                        deployment: d.name.clone(),
+                        ip,
+                        port,
+                        zone: d.zone.clone(),
+                        annotations: d.annotations.clone(),
+                    },
+                    d.env.clone(),
+                ));
+                next += 1;
+            }
+        }
+    }
+    pods
 }
 
 /// Writes a file by renaming a temporary one, so that the control plane
