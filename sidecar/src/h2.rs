@@ -399,7 +399,12 @@ impl H2Pool {
 
     /// Sends `req` on `s`. A request that a pooled connection closed
     /// before taking it (the server went away while it was idle) goes out
-    /// on another connection.
+    /// on another connection, at most three times. That resend is not a
+    /// retry and counts against no budget: hyper's `try_send_request` gives
+    /// a request back only when the connection closed before any frame of
+    /// it was written (a stream it began and lost is an error without the
+    /// request), so the copy that failed provably never reached the
+    /// upstream (`a_request_given_back_by_a_closed_connection_is_sent_once`).
     pub async fn send(
         &self,
         addr: SocketAddr,
@@ -625,6 +630,75 @@ mod tests {
         // The next request dials again.
         try_one().await;
         assert_eq!(pool.loops[0].lock().dials, 2);
+    }
+
+    /// An h2c server counting the requests it reads; notifying `close`
+    /// drops every connection open then (the server went away).
+    async fn closable_server() -> (SocketAddr, Arc<AtomicU32>, Arc<tokio::sync::Notify>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let seen = Arc::new(AtomicU32::new(0));
+        let close = Arc::new(tokio::sync::Notify::new());
+        let (c, n) = (seen.clone(), close.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let (c, n) = (c.clone(), n.clone());
+                tokio::spawn(async move {
+                    let serve = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(
+                            TokioIo::new(s),
+                            hyper::service::service_fn(move |_req| {
+                                c.fetch_add(1, Ordering::Relaxed);
+                                async {
+                                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                                }
+                            }),
+                        );
+                    tokio::select! {
+                        _ = serve => {}
+                        _ = n.notified() => {}
+                    }
+                });
+            }
+        });
+        (addr, seen, close)
+    }
+
+    #[tokio::test]
+    async fn a_request_given_back_by_a_closed_connection_is_sent_once() {
+        let (addr, seen, close) = closable_server().await;
+        let pool = H2Pool::new(1);
+        let open = Arc::new(AtomicU32::new(0));
+        call(&pool, addr, &SETTINGS, &open).await;
+        // A stream on the pooled connection; then the server goes away and
+        // the client's connection ends before the request is written.
+        let stream = pool
+            .stream(addr, &SETTINGS, &open, false)
+            .await
+            .expect("stream");
+        assert!(!stream.fresh);
+        close.notify_waiters();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !stream.send.is_closed() {
+            assert!(tokio::time::Instant::now() < deadline, "still open");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let req = request(
+            &Method::GET,
+            None,
+            &HeaderMap::new(),
+            &Authority::from_static("svc"),
+            false,
+            Either::Left(Full::new(Bytes::new())),
+        );
+        let resp = pool
+            .send(addr, &SETTINGS, &open, false, stream, req)
+            .await
+            .expect("sent on a new connection");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(body, "ok");
+        // Two calls, two requests read: the copy given back never went out.
+        assert_eq!(seen.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]

@@ -135,7 +135,7 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
             );
             let conns = ConnPool::default();
             conns.set_mtls(ep.pool().mtls());
-            return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick()).await, Ok(r) if r.status().is_success());
+            return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick(), &mut || true).await, Ok(r) if r.status().is_success());
         }
         Probe::H2(path) => (Method::GET, path.to_string(), Bytes::new()),
         Probe::Grpc(service) => {

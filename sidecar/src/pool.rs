@@ -75,6 +75,11 @@ impl Stack {
     }
 }
 
+/// Asked before a request goes out again on a fresh connection after a
+/// reused one closed under it: true admits the resend (the proxy takes a
+/// retry's `maxRetries` slot and budget token for it).
+pub type Resend<'a> = &'a mut (dyn FnMut() -> bool + Send);
+
 /// One endpoint's connections.
 pub struct ConnPool {
     /// Indexed by event loop.
@@ -233,12 +238,19 @@ impl ConnPool {
     }
 
     /// Sends `req` to `addr` on an idle connection or a new one, and
-    /// returns the response with a body that reads from the connection. A
-    /// request that a reused connection could not take (the server closed
-    /// it while idle: nothing came back) goes out again on a fresh
-    /// connection, as Go's and hyper's clients do: that race is not a
-    /// failure of the endpoint. Only a request whose head could not even be
-    /// written is resent when it is not idempotent. `now` is the sidecar
+    /// returns the response with a body that reads from the connection.
+    ///
+    /// A reused connection the server closed while idle is found at
+    /// checkout ([`h1::Conn::is_closed`]: its FIN or reset already arrived)
+    /// and never written to. One that the server closes as the request goes
+    /// out (nothing came back) races the server's idle timeout, and the
+    /// request may or may not have reached it: then the request goes out
+    /// once more, on a fresh connection, as Go's client does, but only when
+    /// `resend` admits it: the proxy counts that send as a retry (a
+    /// `maxRetries` slot and a token of the retry budget, as
+    /// [`crate::retry`] would), so a server that closes every reused
+    /// connection cannot double the load. Only an idempotent request, or one
+    /// whose head could not even be written, is resent. `now` is the sidecar
     /// clock's milliseconds (connections' ages are measured in it).
     pub async fn send(
         &self,
@@ -246,6 +258,7 @@ impl ConnPool {
         settings: &PoolSettings,
         out: &mut h1::Outgoing,
         now: u64,
+        resend: Resend<'_>,
     ) -> Result<Response<H1Body>, UpstreamError> {
         let (mut conn, mut uses, mut born_ms, mut owner, mut reused) =
             match self.take(settings, now) {
@@ -277,9 +290,10 @@ impl ConnPool {
                     if reused
                         && e.nothing_received()
                         && out.resendable()
-                        && (out.idempotent() || matches!(e, h1::Error::Write(_))) =>
+                        && (out.idempotent() || matches!(e, h1::Error::Write(_)))
+                        && resend() =>
                 {
-                    debug!(%addr, error = %e, "pooled connection closed; resending on a new one");
+                    debug!(%addr, error = %e, "pooled connection closed as the request went out; resending on a new one (counted as a retry)");
                     conn = Box::pin(self.connect(addr, settings.connect_timeout)).await?;
                     (uses, born_ms, owner, reused) = (0, now, event_loop(), false);
                 }
@@ -347,7 +361,10 @@ mod tests {
     /// milliseconds; the tests pass the time, nothing sleeps for it).
     async fn roundtrip_at(pool: &ConnPool, addr: SocketAddr, s: &PoolSettings, now: u64) {
         use http_body_util::BodyExt;
-        let resp = pool.send(addr, s, &mut get(addr), now).await.expect("send");
+        let resp = pool
+            .send(addr, s, &mut get(addr), now, &mut || true)
+            .await
+            .expect("send");
         assert_eq!(resp.status(), 200);
         let mut body = resp.into_body();
         while body.frame().await.transpose().expect("body").is_some() {}
@@ -485,7 +502,7 @@ mod tests {
         assert_eq!(pool.idle_count(), 0, "swept");
         // Past the limit while busy: closed once its request is done.
         let resp = pool
-            .send(addr, &s, &mut get(addr), 2_000)
+            .send(addr, &s, &mut get(addr), 2_000, &mut || true)
             .await
             .expect("send");
         let mut body = resp.into_body();
@@ -554,7 +571,7 @@ mod tests {
             // Twice: the connection must come back reusable, framing intact.
             for _ in 0..2 {
                 let resp = pool
-                    .send(addr, &SETTINGS, &mut get(addr), 1)
+                    .send(addr, &SETTINGS, &mut get(addr), 1, &mut || true)
                     .await
                     .expect("send");
                 assert_eq!(resp.status(), 200);
@@ -579,6 +596,101 @@ mod tests {
         }
     }
 
+    /// A server that answers the first request of each connection and
+    /// closes the connection on reading the second, unanswered: the race with
+    /// its idle timeout, after the request reached it. Counts the requests
+    /// it read.
+    async fn closing_on_second_request() -> (SocketAddr, Arc<AtomicU32>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let seen = Arc::new(AtomicU32::new(0));
+        let c = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    for answer in [true, false] {
+                        let mut head = Vec::new();
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        c.fetch_add(1, Ordering::Relaxed);
+                        if answer {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                            if s.write_all(ok).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test]
+    async fn a_resend_after_a_reused_connection_closed_is_admitted_first() {
+        let (addr, seen) = closing_on_second_request().await;
+        let pool = ConnPool::default();
+        roundtrip_at(&pool, addr, &SETTINGS, 1).await;
+        // Admitted (a retry's slot and budget token): the request went out
+        // twice, and the server read it twice.
+        let mut asked = 0;
+        let resp = pool
+            .send(addr, &SETTINGS, &mut get(addr), 1, &mut || {
+                asked += 1;
+                true
+            })
+            .await
+            .expect("resent on a fresh connection");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(asked, 1);
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            3,
+            "the first copy reached the server"
+        );
+        drop(resp);
+        // Refused (no retry left): the failure is the caller's to answer.
+        roundtrip_at(&pool, addr, &SETTINGS, 1).await;
+        let mut asked = 0;
+        let err = pool
+            .send(addr, &SETTINGS, &mut get(addr), 1, &mut || {
+                asked += 1;
+                false
+            })
+            .await
+            .err()
+            .expect("not resent");
+        assert_eq!(asked, 1);
+        assert!(
+            matches!(&err, UpstreamError::Request(e) if e.nothing_received()),
+            "{err}"
+        );
+        // A POST whose head went out is never resent: the resend is not asked.
+        roundtrip_at(&pool, addr, &SETTINGS, 1).await;
+        let mut post = h1::encode(
+            &http::Method::POST,
+            "/",
+            &http::HeaderMap::new(),
+            Some(&addr.to_string()),
+            UpstreamBody::Buffered(Bytes::from_static(b"x")),
+        );
+        let mut asked = 0;
+        let sent = pool
+            .send(addr, &SETTINGS, &mut post, 1, &mut || {
+                asked += 1;
+                true
+            })
+            .await;
+        assert!(sent.is_err());
+        assert_eq!(asked, 0);
+    }
+
     #[tokio::test]
     async fn connect_errors_are_typed() {
         // A port nothing listens on.
@@ -587,7 +699,7 @@ mod tests {
         drop(l);
         let pool = ConnPool::default();
         let err = pool
-            .send(addr, &SETTINGS, &mut get(addr), 1)
+            .send(addr, &SETTINGS, &mut get(addr), 1, &mut || true)
             .await
             .err()
             .expect("refused");

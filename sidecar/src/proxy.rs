@@ -296,9 +296,12 @@ fn forward(
                 // The send future is built where it is awaited: held in a local
                 // first, it would be copied once more.
                 let sent = match attempt_ends(cluster.per_try_timeout, deadline) {
-                    None => send(&ep, &cluster.pool, up).await,
+                    None => send(&ep, &cluster.pool, up, &mut || tries.admit_resend(cluster)).await,
                     Some((end, whole)) => {
-                        match tokio::time::timeout_at(end, send(&ep, &cluster.pool, up)).await {
+                        let resend = &mut || tries.admit_resend(cluster);
+                        match tokio::time::timeout_at(end, send(&ep, &cluster.pool, up, resend))
+                            .await
+                        {
                             Ok(sent) => sent,
                             Err(_) if whole => break 'answer timed_out(),
                             Err(_) => Sent::TimedOut,

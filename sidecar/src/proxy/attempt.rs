@@ -74,16 +74,19 @@ impl RequestBody {
     }
 }
 
-/// Sends one attempt to `ep`.
+/// Sends one attempt to `ep`; `resend` admits the HTTP/1.1 pool's resend
+/// after a reused connection closed under the request (see
+/// [`crate::pool::Pool::send`]).
 pub(crate) async fn send(
     ep: &EndpointState,
     settings: &crate::pool::PoolSettings,
     up: Attempt<'_>,
+    resend: crate::pool::Resend<'_>,
 ) -> Sent {
     let sent = match up {
         Attempt::H1(out) => ep
             .pool()
-            .send(ep.addr, settings, out, crate::clock::now_ms())
+            .send(ep.addr, settings, out, crate::clock::now_ms(), resend)
             .await
             .map(|r| r.map(Upstream::H1)),
         // Boxed: it would otherwise widen every request's future.

@@ -89,6 +89,19 @@ impl Tries {
         None
     }
 
+    /// Admits the HTTP/1.1 pool's resend of this attempt on a fresh
+    /// connection (a reused one closed as the request went out) as a retry
+    /// is admitted: a `maxRetries` slot and a token of the retry budget.
+    pub(crate) fn admit_resend(&mut self, cluster: &ClusterHandle) -> bool {
+        if self.retry_slot.is_none() {
+            match admit_retry(cluster) {
+                Ok(slot) => self.retry_slot = slot,
+                Err(_) => return false,
+            }
+        }
+        cluster.budget.try_retry(crate::clock::now_ms())
+    }
+
     /// The endpoints the attempts so far failed on.
     pub(crate) fn tried(&self) -> &[Arc<EndpointState>] {
         &self.tried
