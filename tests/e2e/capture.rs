@@ -105,8 +105,22 @@ struct Captured {
     pod_ips: BTreeMap<String, Ipv4Addr>,
 }
 
+/// Held (shared) while a capture test's `minimesh up` starts (and through
+/// the capture bench, which makes its pod network mid-run), and
+/// exclusively by the test that kills a mesh until its next start has run:
+/// any start removes what a killed mesh left, and that test must see its own
+/// next start do it, not another test's (they run 4 at a time).
+static STARTS: std::sync::LazyLock<tokio::sync::RwLock<()>> =
+    std::sync::LazyLock::new(|| tokio::sync::RwLock::new(()));
+
 impl Captured {
     async fn start(net: &Net, topology: &str) -> Captured {
+        let _shared = STARTS.read().await;
+        Self::start_alone(net, topology).await
+    }
+
+    /// [`Captured::start`] without taking [`STARTS`] (its caller holds it).
+    async fn start_alone(net: &Net, topology: &str) -> Captured {
         let home = path_str(&net.dir.join("home"));
         let file = net.dir.join("topology.yaml");
         std::fs::write(&file, topology).expect("topology");
@@ -837,6 +851,8 @@ async fn what_a_killed_mesh_left_is_removed_at_the_next_start() {
         &std::fs::read_to_string(Path::new(&home).join("mesh.json")).expect("mesh.json"),
     )
     .expect("json");
+    // No other test's start may clean up before this test's next one.
+    let exclusive = STARTS.write().await;
     // SIGKILL: no chance to clean up; its children exit with it.
     up.kill();
     let netns = stdout_of(Command::new("ip").args(["netns", "list"]));
@@ -853,7 +869,8 @@ async fn what_a_killed_mesh_left_is_removed_at_the_next_start() {
         }
     }
 
-    let again = Captured::start(&net, SMALL).await;
+    let again = Captured::start_alone(&net, SMALL).await;
+    drop(exclusive);
     let err = std::fs::read_to_string(net.dir.join("logs/up.err")).unwrap_or_default();
     assert!(
         err.contains(&format!(
@@ -974,6 +991,8 @@ async fn bench_overhead_sets_capture_against_the_explicit_listener() {
         return;
     }
     let net = Net::new(145);
+    // Its pod network is made somewhere in the run: shared all along.
+    let _shared = STARTS.read().await;
     let out = net.dir.join("bench");
     let o = Command::new(bin("minimesh"))
         .arg("--home")
