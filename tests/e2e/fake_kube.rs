@@ -155,6 +155,10 @@ pub struct FakeKube {
     /// Service-account tokens the TokenReview API authenticates: token ->
     /// (namespace, service account, audiences).
     tokens: Arc<Mutex<BTreeMap<String, TokenOwner>>>,
+    /// The control plane bound only to namespaced Roles (docs/kubernetes.md's
+    /// narrowest RBAC): a list or watch of a namespaced kind across all
+    /// namespaces is forbidden, with the real server's message.
+    namespaced_roles: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Whose a token is: (namespace, service account, audiences).
@@ -193,6 +197,7 @@ impl FakeKube {
             throttle: Arc::default(),
             requests: Arc::default(),
             tokens: Arc::default(),
+            namespaced_roles: Arc::default(),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -276,6 +281,14 @@ impl FakeKube {
             }
         };
         inner.commit(key, event, obj);
+    }
+
+    /// From now on, the caller holds namespaced Roles only: a list or
+    /// watch of a namespaced kind across all namespaces is 403 Forbidden
+    /// (served or not: authorization comes before routing).
+    pub fn namespaced_roles(&self) {
+        self.namespaced_roles
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// From now on, answers every `n`-th request `429 Too Many Requests`
@@ -630,6 +643,32 @@ impl FakeKube {
             .unwrap_or_default();
         if method == Method::POST && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
             return self.review_token(&body);
+        }
+        // Authorization comes before routing, as in the real server: a
+        // cluster-wide read is forbidden whether or not the kind is served.
+        if self
+            .namespaced_roles
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && method == Method::GET
+        {
+            if let Some((c, None, None, None)) = route(&path) {
+                if !cluster_scoped(c) {
+                    let (group, _, plural, _) = COLLECTIONS[c];
+                    let verb = match query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                        true => "watch",
+                        false => "list",
+                    };
+                    let resource = match group {
+                        "" => plural.to_string(),
+                        g => format!("{plural}.{g}"),
+                    };
+                    return status_response(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        &format!("{resource} is forbidden: User \"system:serviceaccount:minimesh-system:minimesh-control-plane\" cannot {verb} resource \"{plural}\" in API group \"{group}\" at the cluster scope"),
+                    );
+                }
+            }
         }
         let served = |c: usize| c != ISTIO || self.istio;
         let Some((c, ns, name, sub)) = route(&path).filter(|r| served(r.0)) else {

@@ -306,15 +306,18 @@ fn build(kinds: &[KindState], sources: &[Source]) -> Store {
     store
 }
 
-/// Whether a CRD-backed kind exists in the cluster (a list of one item
-/// answers 404 when it does not).
+/// Whether a CRD-backed kind is served, asked of API discovery
+/// (`/apis/<group>/<version>`): every authenticated client may read it
+/// (`system:discovery`), so the answer holds under the narrowest RBAC,
+/// namespaced Roles included, where a cluster-wide list would be forbidden
+/// (and a namespaced watch of an absent kind would answer 404 forever,
+/// leaving initial sync, and readiness, waiting). A discovery that fails
+/// otherwise (the API server unreachable) counts as installed: the watcher
+/// then retries, and its logs tell.
 async fn installed(client: &Client, resource: &ApiResource) -> bool {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
-    match api.list_metadata(&ListParams::default().limit(1)).await {
-        Ok(_) => true,
+    match client.list_api_group_resources(&resource.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
         Err(kube::Error::Api(s)) if s.code == 404 => false,
-        // Anything else (forbidden, unreachable): watch it and let the
-        // watcher's backoff and logs tell.
         Err(_) => true,
     }
 }

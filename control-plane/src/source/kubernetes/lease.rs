@@ -8,12 +8,21 @@
 //! request hangs, so that it has stopped writing before another replica may
 //! take the lease. Every replica serves sidecars; only the leader writes
 //! rule status.
+//!
+//! Expiry is judged on this replica's own clock, as client-go judges it: not
+//! by comparing `renewTime` (another node's clock) with this node's time,
+//! but by when this replica last saw the lease's record change. A lease
+//! whose record has not changed for `leaseDurationSeconds`, by the local
+//! monotonic clock, has expired; so clocks skewed between nodes, by any
+//! amount, can neither elect two leaders nor leave none. (A replica that has
+//! just started waits one lease duration before taking a lease it found
+//! held, as client-go's does; a released lease is taken at once.)
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::sync::watch;
@@ -61,6 +70,14 @@ impl LeaseConfig {
     }
 }
 
+/// The lease's record as last seen, and when (this replica's monotonic
+/// clock): what expiry is judged on.
+struct Observed {
+    /// Holder, renew time, transitions: any write by a holder changes it.
+    record: (Option<String>, Option<Timestamp>, Option<i32>),
+    at: tokio::time::Instant,
+}
+
 /// Campaigns forever; `leader` says whether this replica holds the lease,
 /// `leader_addr` where the holder takes load reports (when it says).
 pub async fn run(
@@ -69,8 +86,21 @@ pub async fn run(
     leader: watch::Sender<bool>,
     leader_addr: watch::Sender<Option<String>>,
 ) {
+    campaign(client, cfg, leader, leader_addr, Timestamp::now).await
+}
+
+/// [`run`] with the wall clock the renewals are stamped with (a test's,
+/// skewed): nothing is decided on it.
+async fn campaign(
+    client: Client,
+    cfg: LeaseConfig,
+    leader: watch::Sender<bool>,
+    leader_addr: watch::Sender<Option<String>>,
+    wall_clock: impl Fn() -> Timestamp,
+) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renewed: Option<tokio::time::Instant> = None;
+    let mut observed: Option<Observed> = None;
     loop {
         // A leader has until the renew deadline of its last renewal; a
         // request that hangs past it is given up.
@@ -78,7 +108,8 @@ pub async fn run(
             Some(t) => cfg.renew_deadline.saturating_sub(t.elapsed()),
             None => cfg.renew_deadline,
         };
-        let held = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &cfg)).await {
+        let round = try_acquire_or_renew(&api, &cfg, &mut observed, wall_clock());
+        let held = match tokio::time::timeout(budget, round).await {
             Ok(Ok((held, addr))) => {
                 if held {
                     last_renewed = Some(tokio::time::Instant::now());
@@ -170,8 +201,9 @@ fn annotations(cfg: &LeaseConfig) -> Option<std::collections::BTreeMap<String, S
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     cfg: &LeaseConfig,
+    observed: &mut Option<Observed>,
+    now: Timestamp,
 ) -> Result<(bool, Option<String>), kube::Error> {
-    let now = Timestamp::now();
     let duration_secs = cfg.duration.as_secs().max(1) as i32;
     let Some(mut lease) = api.get_opt(&cfg.name).await? else {
         let lease = Lease {
@@ -199,9 +231,21 @@ async fn try_acquire_or_renew(
     let holder_addr = address_of(&lease);
     let spec = lease.spec.get_or_insert_with(Default::default);
     let mine = spec.holder_identity.as_deref() == Some(cfg.identity.as_str());
-    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-        (Some(MicroTime(renewed)), Some(secs)) => {
-            now.duration_since(*renewed) > SignedDuration::from_secs(secs.into())
+    let record = (
+        spec.holder_identity.clone(),
+        spec.renew_time.as_ref().map(|t| t.0),
+        spec.lease_transitions,
+    );
+    let local_now = tokio::time::Instant::now();
+    if observed.as_ref().is_none_or(|o| o.record != record) {
+        *observed = Some(Observed {
+            record,
+            at: local_now,
+        });
+    }
+    let expired = match (observed.as_ref(), spec.lease_duration_seconds) {
+        (Some(o), Some(secs)) => {
+            local_now.duration_since(o.at) > Duration::from_secs(u64::try_from(secs).unwrap_or(0))
         }
         _ => true,
     };
@@ -298,6 +342,91 @@ mod tests {
             led >= Duration::from_secs(10) && led < Duration::from_millis(10_100),
             "led for {led:?}"
         );
+    }
+
+    /// An API server holding one Lease as the real one does: 404 before it
+    /// is created, 409 for a second create or a write with a stale
+    /// resourceVersion.
+    fn lease_api() -> Client {
+        let stored: Arc<std::sync::Mutex<Option<serde_json::Value>>> = Default::default();
+        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let stored = stored.clone();
+            async move {
+                use http_body_util::BodyExt;
+                let method = req.method().clone();
+                let body = req.into_body().collect().await.expect("body").to_bytes();
+                let mut lease = stored.lock().expect("lease");
+                let conflict = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#;
+                let (code, answer) = match method {
+                    http::Method::GET => match &*lease {
+                        Some(l) => (200, l.to_string()),
+                        None => (404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string()),
+                    },
+                    _ => {
+                        let mut new: serde_json::Value = serde_json::from_slice(&body).expect("lease");
+                        let current = lease.as_ref().map(|l| l["metadata"]["resourceVersion"].clone());
+                        let fresh = match (&method, &current) {
+                            (&http::Method::POST, None) => true,
+                            (&http::Method::PUT, Some(rv)) => new["metadata"]["resourceVersion"] == *rv,
+                            _ => false,
+                        };
+                        if fresh {
+                            let rv = current
+                                .and_then(|v| v.as_str().and_then(|v| v.parse::<u64>().ok()))
+                                .unwrap_or(0);
+                            new["metadata"]["resourceVersion"] = (rv + 1).to_string().into();
+                            *lease = Some(new.clone());
+                            (if method == http::Method::POST { 201 } else { 200 }, new.to_string())
+                        } else {
+                            (409, conflict.to_string())
+                        }
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(answer)))
+                        .expect("response"),
+                )
+            }
+        });
+        Client::new(svc, "default")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_with_skewed_clocks_elect_exactly_one_leader() {
+        let client = lease_api();
+        let mut replicas = Vec::new();
+        // One node's clock an hour ahead, the other's an hour behind: by
+        // renewTime, each would find the other's lease long expired.
+        for (identity, skew) in [("cp-0", 3600), ("cp-1", -3600)] {
+            let (tx, rx) = watch::channel(false);
+            let (addr_tx, _addr) = watch::channel(None);
+            let cfg = LeaseConfig {
+                identity: identity.into(),
+                ..cfg()
+            };
+            let clock =
+                move || Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(skew);
+            tokio::spawn(campaign(client.clone(), cfg, tx, addr_tx, clock));
+            replicas.push(rx);
+        }
+        let mut first = None;
+        for tick in 0..1200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let leaders: Vec<usize> = (0..2).filter(|i| *replicas[*i].borrow()).collect();
+            assert!(leaders.len() <= 1, "two leaders at {tick}00 ms");
+            if tick >= 10 {
+                // From the first second on: the first leader, and only it.
+                assert_eq!(leaders.len(), 1, "no leader at {tick}00 ms");
+                assert_eq!(
+                    *first.get_or_insert(leaders[0]),
+                    leaders[0],
+                    "leadership moved at {tick}00 ms"
+                );
+            }
+        }
     }
 
     #[test]
