@@ -123,7 +123,7 @@ rm -f "$fortio_out"
 step "done"
 cat <<EOF
 Try another policy:  kubectl apply -n $NS -f examples/rules/simple-backend-dr-least-request.yaml
-Rule status:         kubectl -n $NS get dr
+Rule status:         kubectl -n $NS get mdr
 Control plane view:  kubectl -n minimesh-system port-forward deploy/minimesh-control-plane 15014 &
                      curl localhost:15014/debug/config
 Remove the cluster:  deploy/kind/quickstart.sh delete

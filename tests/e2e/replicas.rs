@@ -119,7 +119,7 @@ async fn a_replica_started_after_an_invalid_rule_serves_the_last_good_one_like_t
     // kubectl shows the warning: its column, and the message with -o wide.
     let kubeconfig = net.dir.join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig);
-    let (ok, out, err) = kubectl(&net, &["get", "dr", "-o", "wide"], None).await;
+    let (ok, out, err) = kubectl(&net, &["get", "mdr", "-o", "wide"], None).await;
     assert!(ok && err.is_empty(), "{out}{err}");
     let header: Vec<&str> = out
         .lines()
@@ -137,6 +137,17 @@ async fn a_replica_started_after_an_invalid_rule_serves_the_last_good_one_like_t
             .contains("MAGLEV   True       True       Istio's DestinationRule default/backend-dr")),
         "{out}"
     );
+    // Istio's short name stays Istio's: `dr` lists Istio's rule, in its
+    // own columns, with no ambiguity for kubectl to warn of.
+    let (ok, out, err) = kubectl(&net, &["get", "dr"], None).await;
+    assert!(ok && err.is_empty(), "{out}{err}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("backend-dr ")),
+        "{out}"
+    );
+    assert!(!out.contains("POLICY"), "{out}");
 }
 
 /// Endpoint weights of `backend` in a control plane's /debug/endpoints.

@@ -217,7 +217,9 @@ mod tests {
         let version = &crd["spec"]["versions"][0];
         assert_eq!(version["name"], "v1alpha1");
         assert_eq!(version["subresources"]["status"], serde_json::json!({}));
-        assert_eq!(crd["spec"]["names"]["shortNames"][0], "dr");
+        // Not Istio's `dr`: with Istio installed too, `kubectl get dr` would be
+        // ambiguous.
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "mdr");
         assert_eq!(crd["spec"]["scope"], "Namespaced");
         let columns: Vec<&str> = version["additionalPrinterColumns"]
             .as_array()
@@ -257,7 +259,7 @@ mod tests {
         let crd: serde_json::Value =
             serde_saphyr::from_str(&peer_auth_crd_yaml()).expect("CRD parses");
         assert_eq!(crd["metadata"]["name"], "peerauthentications.minimesh.io");
-        assert_eq!(crd["spec"]["names"]["shortNames"][0], "pa");
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "mpa");
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let mut errors = Vec::new();
         check_structural("", schema, &mut errors);

@@ -65,7 +65,7 @@ pub struct DestinationRule {
     kind = "DestinationRule",
     root = "DestinationRuleResource",
     namespaced,
-    shortname = "dr",
+    shortname = "mdr",
     category = "minimesh",
     status = "super::crd::RuleStatusResource",
     doc = "Load-balancing policy for one service: Istio's DestinationRule spec plus minimesh's extensions.",

@@ -58,7 +58,7 @@ pub struct PeerAuthentication {
     kind = "PeerAuthentication",
     root = "PeerAuthenticationResource",
     namespaced,
-    shortname = "pa",
+    shortname = "mpa",
     category = "minimesh",
     doc = "How the sidecars of a namespace (in minimesh-system: of the mesh) treat plaintext: Istio's PeerAuthentication, namespace-wide.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mtls.mode")

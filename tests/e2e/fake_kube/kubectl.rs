@@ -32,6 +32,11 @@ fn resources(c: usize) -> Vec<Value> {
             r["categories"] = names["categories"].clone();
         }
     }
+    // Istio's CRD names its DestinationRule as Istio's installer does.
+    if group == "networking.istio.io" && plural == "destinationrules" {
+        r["shortNames"] = json!(["dr"]);
+        r["categories"] = json!(["istio-io", "networking-istio-io"]);
+    }
     let status = json!({
         "name": format!("{plural}/status"), "singularName": "", "namespaced": !cluster_scoped(c),
         "kind": kind, "verbs": ["get", "patch", "update"],
