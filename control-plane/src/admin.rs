@@ -60,6 +60,9 @@ pub struct Admin {
     /// Serve `/debug/*` to every caller, not only loopback ones
     /// (`--admin-debug`; see [`minimesh_proto::admin`]).
     pub debug_for_all: bool,
+    /// Shutting down: not ready while the endpoints drop this replica
+    /// (`--termination-drain`).
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl Admin {
@@ -113,7 +116,12 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => {
-            if admin.config().synced {
+            if admin.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "draining: shutting down\n".into(),
+                )
+            } else if admin.config().synced {
                 text(StatusCode::OK, "ready\n".into())
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, "config not synced yet\n".into())

@@ -78,6 +78,14 @@ pub struct Args {
     /// --lease-duration (10s).
     #[arg(long, env = "MINIMESH_LEASE_RENEW_DEADLINE", value_parser = duration)]
     pub lease_renew_deadline: Option<Duration>,
+    /// On SIGTERM, how long this replica stays up not ready first (`/readyz`
+    /// 503) while it keeps serving admission webhooks, discovery and
+    /// certificates, so that the API server and the sidecars stop sending it
+    /// work before it stops (Istio's `terminationDrainDuration`): longer than
+    /// the Service's endpoints take to drop a pod. Default: 5s with
+    /// `--source kubernetes`, 0 (stop at once) with `files`.
+    #[arg(long, env = "MINIMESH_TERMINATION_DRAIN", value_parser = minimesh_proto::duration::parse)]
+    pub termination_drain: Option<Duration>,
     /// Kubernetes: watch rules, Services and EndpointSlices in these namespaces only
     /// (comma-separated), so that the control plane needs read access to no others.
     /// Unset: the whole cluster.
@@ -186,6 +194,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         config: RwLock::new(Arc::new(ConfigView::default())),
         status: watch::Sender::new(Arc::default()),
         debug_for_all: args.admin_debug,
+        draining: Default::default(),
     });
 
     let la = Arc::new(LoadAwareState {
@@ -223,6 +232,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         webhook::start(
             &args.webhook,
             Some(client.clone()),
+            &args.identity,
             &args.lease_namespace,
             ca.as_ref().map(|ca| webhook::inject::Identity {
                 root_pem: ca.root_pem().to_string(),
@@ -325,6 +335,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         webhook::start(
             &args.webhook,
             None,
+            &args.identity,
             &args.lease_namespace,
             None,
             metrics.admission_reviews.clone(),
@@ -378,13 +389,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => (None, None),
     };
+    let drain = args
+        .termination_drain
+        .unwrap_or(match args.source.as_str() {
+            "kubernetes" => Duration::from_secs(5),
+            _ => Duration::ZERO,
+        });
     grpc::serve(
         xds_listener,
         discovery,
         lrs,
         certificates,
         tls,
-        shutdown_signal(),
+        drained(shutdown_signal(), drain, admin.clone()),
     )
     .await
     .context("discovery server")?;
@@ -395,6 +412,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("control plane stopped");
     Ok(())
+}
+
+/// Resolves `drain` after `signal`, not ready meanwhile (`/readyz` 503): the
+/// webhooks, discovery and certificates keep serving while the endpoints
+/// drop this replica.
+async fn drained(
+    signal: impl std::future::Future<Output = ()>,
+    drain: Duration,
+    admin: Arc<Admin>,
+) {
+    signal.await;
+    if drain.is_zero() {
+        return;
+    }
+    admin
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    info!(
+        ?drain,
+        "shutting down: not ready, still serving webhooks, discovery and certificates while endpoints drop this replica"
+    );
+    tokio::time::sleep(drain).await;
 }
 
 /// Resolves on SIGINT or SIGTERM. SIGTERM is watched from the call, not from

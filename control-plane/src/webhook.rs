@@ -86,10 +86,12 @@ pub struct WebhookArgs {
 /// Starts the webhook when `--webhook-addr` is set: binds (so that a taken
 /// port fails the start), gets the certificate, and serves in the
 /// background; `client` (Kubernetes) shares the certificate and keeps the
-/// CA bundle set. `namespace` is the control plane's own.
+/// CA bundle set and writes Events (as `instance`, this replica).
+/// `namespace` is the control plane's own.
 pub async fn start(
     args: &WebhookArgs,
     client: Option<kube::Client>,
+    instance: &str,
     namespace: &str,
     identity: Option<inject::Identity>,
     reviews: Family<VerdictLabel, Counter>,
@@ -100,6 +102,15 @@ pub async fn start(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding webhook address {addr}"))?;
+    let events = client.clone().map(|client| {
+        kube::runtime::events::Recorder::new(
+            client,
+            kube::runtime::events::Reporter {
+                controller: "minimesh-control-plane".into(),
+                instance: Some(instance.to_string()),
+            },
+        )
+    });
     let tls = match (&args.tls_dir, client) {
         (Some(dir), _) => certs::from_dir(dir)?,
         (None, Some(client)) => {
@@ -147,6 +158,7 @@ pub async fn start(
         config,
         std::sync::Arc::new(template),
         reviews,
+        events,
     ));
     Ok(())
 }

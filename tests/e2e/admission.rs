@@ -167,9 +167,9 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
         );
         assert!(err.contains("FASTEST"), "{err}");
     }
-    // The stored rule is still the good one, and `kubectl get dr` says so
+    // The stored rule is still the good one, and `kubectl get mdr` says so
     // in the CRD's columns.
-    let (ok, out, err) = kubectl(&net, &["get", "dr"], None).await;
+    let (ok, out, err) = kubectl(&net, &["get", "mdr"], None).await;
     assert!(ok && err.is_empty(), "{out}{err}");
     let lines: Vec<Vec<&str>> = out
         .lines()
@@ -372,6 +372,14 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
         pod["metadata"]["annotations"]["minimesh.io/injected"],
         "true"
     );
+    // This app sets no security context (Pod Security would refuse it for
+    // that under restricted), but nothing minimesh added is refused but for
+    // the init step's documented exception.
+    let ours: Vec<String> = crate::pod_security::restricted_violations(pod)
+        .into_iter()
+        .filter(|v| v.contains("minimesh-"))
+        .collect();
+    assert_eq!(ours, crate::pod_security::init_step_exception(0), "{pod:#}");
 
     // The book's apps as the demo ships them (deploy/examples/demo/apps.yaml:
     // apps on 0.0.0.0:8080, Services targeting 8080, a readiness probe),
@@ -419,7 +427,99 @@ async fn labelling_a_namespace_gives_its_new_pods_a_native_sidecar() {
         assert_eq!(env(app, "LISTEN_ADDR"), Some("0.0.0.0:8080".into()));
         assert_eq!(env(app, "HTTP_PROXY"), None);
         assert_eq!(app["readinessProbe"]["httpGet"]["port"], 15000, "{pod:#}");
+        // Pod Security's restricted profile: refused for the init step
+        // alone (root with NET_ADMIN and NET_RAW, as Istio's).
+        assert_eq!(
+            crate::pod_security::restricted_violations(pod),
+            crate::pod_security::init_step_exception(0),
+            "{pod:#}"
+        );
     }
+
+    // Without capture (the explicit mode: no init step), the same apps
+    // injected meet the restricted profile whole.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: explicit\n  labels: {minimesh.io/inject: enabled}\n"),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let explicit = apps.replace(
+        "  template:\n    metadata:\n",
+        "  template:\n    metadata:\n      annotations:\n        minimesh.io/capture: disabled\n",
+    );
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-n", "explicit", "-f", "-"],
+        Some(&explicit),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) =
+        kubectl(&net, &["get", "pods", "-n", "explicit", "-o", "json"], None).await;
+    assert!(ok, "{out}{err}");
+    let list: Value = serde_json::from_str(&out).expect("JSON");
+    let explicit_pods = list["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(explicit_pods.len(), 4, "{explicit_pods:#?}");
+    for pod in &explicit_pods {
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["name"], "minimesh-sidecar",
+            "{pod:#}"
+        );
+        assert_eq!(
+            crate::pod_security::restricted_violations(pod),
+            Vec::<String>::new(),
+            "{pod:#}"
+        );
+    }
+
+    // A namespace labelled for Istio's injection too: its pods would get two
+    // sidecars. Refused, saying why, with a Warning Event on the namespace.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: both\n  labels: {minimesh.io/inject: enabled, istio-injection: enabled}\n"),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let bare = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: both\nspec:\n  containers:\n  - {name: web, image: minimesh:dev}\n";
+    let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(bare)).await;
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("admission webhook \"istio-injection.conflict.injection.minimesh.io\" denied the request: namespace both is labelled for sidecar injection by both Istio (istio-injection=enabled or istio.io/rev) and minimesh (minimesh.io/inject=enabled): its pods would get two sidecars; remove one of the labels"),
+        "{err}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let event = loop {
+        let found = fake
+            .list("events.k8s.io/v1", "Event")
+            .into_iter()
+            .find(|e| e["reason"] == "TwoMeshesInject");
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no Event");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    assert_eq!(event["regarding"]["kind"], "Namespace", "{event:#}");
+    assert_eq!(event["regarding"]["name"], "both", "{event:#}");
+    assert_eq!(
+        event["reportingController"], "minimesh-control-plane",
+        "{event:#}"
+    );
+    // A pod opted out of Istio's injection there is minimesh's alone.
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some(&bare.replace(
+            "  namespace: both\n",
+            "  namespace: both\n  labels: {sidecar.istio.io/inject: \"false\"}\n",
+        )),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
 
     // A pod labelled out is left alone, in the labelled namespace.
     let opted_out = DEPLOYMENT
@@ -501,4 +601,130 @@ async fn with_cert_managers_certificate_the_webhook_serves_it_and_writes_nothing
         before["metadata"]["resourceVersion"],
         after["metadata"]["resourceVersion"]
     );
+}
+
+#[test]
+fn the_shipped_pods_meet_the_restricted_pod_security_standard() {
+    let mut checked = 0;
+    for (file, kind) in [
+        ("deploy/base/control-plane.yaml", "Deployment"),
+        ("deploy/examples/demo/apps.yaml", "Deployment"),
+        ("deploy/examples/demo/ingress-gateway.yaml", "Deployment"),
+    ] {
+        for workload in shipped(file, kind) {
+            assert_eq!(
+                crate::pod_security::restricted_violations(&workload),
+                Vec::<String>::new(),
+                "{file}: {}",
+                workload["metadata"]["name"]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(
+        checked, 5,
+        "the control plane, simple-web, simple-backend-1 and -2, the ingress gateway"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_created_while_a_replica_restarts_are_never_refused() {
+    let net = Net::new(122);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    for c in shipped("deploy/base/injector.yaml", "MutatingWebhookConfiguration") {
+        fake.apply(c);
+    }
+    let webhook = |host: u8| net.addr(host, 15017).to_string();
+    let drain = ["--termination-drain", "3s"];
+    let mut cp0 = control_plane(
+        &net,
+        &fake,
+        "cp-0",
+        254,
+        &[&["--webhook-addr", &webhook(254)][..], &drain].concat(),
+    )
+    .await;
+    let _cp1 = control_plane(
+        &net,
+        &fake,
+        "cp-1",
+        253,
+        &[&["--webhook-addr", &webhook(253)][..], &drain].concat(),
+    )
+    .await;
+    fake.route_service(CP_NS, "minimesh-control-plane", net.addr(254, 15017));
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n  labels: {minimesh.io/inject: enabled}\n"),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    // The endpoints controller: once cp-0 is not ready, its address leaves
+    // the Service half a second later (endpoint propagation).
+    let endpoints = {
+        let fake = fake.clone();
+        let (ready, next) = (net.addr(254, 15014), net.addr(253, 15017));
+        tokio::spawn(async move {
+            loop {
+                let up = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    get(ready, "localhost", "/readyz"),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok_and(|(code, _, _)| code == 200));
+                if !up {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    fake.route_service(CP_NS, "minimesh-control-plane", next);
+                    return Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    // Pods in a loop; cp-0 is sent SIGTERM after the fifth, and the loop
+    // goes on until it has exited and five more pods were created.
+    let (mut created, mut after_exit, mut signalled) = (0, 0, None);
+    while after_exit < 5 {
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p-{created}\n  namespace: demo\nspec:\n  containers:\n  - {{name: app, image: app:1}}\n"
+        );
+        let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(&pod)).await;
+        assert!(ok, "pod {created} refused: {out}{err}\n{}", cp0.log_text());
+        created += 1;
+        if created == 5 {
+            cp0.signal("TERM");
+            signalled = Some(Instant::now());
+        }
+        if signalled.is_some() && cp0.child.try_wait().expect("try_wait").is_some() {
+            after_exit += 1;
+        }
+        assert!(created < 500, "cp-0 never exited: {}", cp0.log_text());
+    }
+    let status = cp0.exited(Duration::from_secs(1)).await;
+    assert!(status.success(), "{status}: {}", cp0.log_text());
+    // It stayed up, answering, until well after the endpoints dropped it.
+    let dropped = endpoints.await.expect("endpoints");
+    let signalled = signalled.expect("signalled");
+    assert!(
+        dropped - signalled < Duration::from_secs(2),
+        "not ready at once"
+    );
+    assert!(
+        cp0.log_text().contains("shutting down: not ready"),
+        "{}",
+        cp0.log_text()
+    );
+    // Every pod was injected: by cp-0 while it drained, by cp-1 after.
+    let (ok, out, err) = kubectl(&net, &["get", "pods", "-n", "demo", "-o", "json"], None).await;
+    assert!(ok, "{out}{err}");
+    let list: Value = serde_json::from_str(&out).expect("JSON");
+    let pods = list["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(pods.len(), created, "{out}");
+    for p in &pods {
+        assert_eq!(
+            p["metadata"]["annotations"]["minimesh.io/injected"], "true",
+            "{p:#}"
+        );
+    }
 }

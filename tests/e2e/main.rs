@@ -21,6 +21,7 @@ mod load_reports;
 mod local_mesh;
 mod mtls;
 mod nack;
+mod pod_security;
 mod protocol;
 mod rapid_reset;
 mod replicas;

@@ -22,8 +22,10 @@
 //! 127.0.0.1, 8080).
 //!
 //! The pod is labelled `minimesh.io/proxy=sidecar` and annotated
-//! `minimesh.io/injected`. A pod that already has a sidecar, or was
-//! injected, is left alone.
+//! `minimesh.io/injected`. A pod with a sidecar of its own is left alone.
+//! One injected already is seen again when a later webhook changed it
+//! (`reinvocationPolicy: IfNeeded`): the app containers that webhook added
+//! are treated as the others were, and nothing else changes.
 //!
 //! With the control plane's CA, the sidecar also gets its identity: a
 //! projected service-account token (audience `minimesh`, an hour, renewed
@@ -130,6 +132,40 @@ pub fn review(body: &[u8], template: &Template) -> Result<(Verdict, Value), Stri
     ))
 }
 
+/// What `/inject-conflict` says: the API server calls it only for pods of a
+/// namespace labelled for both Istio's injection and minimesh's
+/// (`deploy/base/injector.yaml` selects them), whose pods would get two
+/// sidecars fighting over the same traffic.
+pub fn conflict_message(namespace: &str) -> String {
+    format!(
+        "namespace {namespace} is labelled for sidecar injection by both Istio (istio-injection=enabled or istio.io/rev) and minimesh (minimesh.io/inject=enabled): its pods would get two sidecars; remove one of the labels"
+    )
+}
+
+/// Answers an AdmissionReview from `/inject-conflict`: refused, saying why;
+/// also the namespace, for the Event.
+pub fn conflict_review(body: &[u8]) -> Result<(Verdict, Value, String), String> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+    if v["kind"] != "AdmissionReview" {
+        return Err("not an AdmissionReview: kind is not AdmissionReview".into());
+    }
+    let uid = v["request"]["uid"]
+        .as_str()
+        .ok_or("not an AdmissionReview: request.uid is missing")?;
+    let namespace = v["request"]["namespace"].as_str().unwrap_or("").to_string();
+    let response = json!({
+        "uid": uid,
+        "allowed": false,
+        "status": {"status": "Failure", "code": 403, "reason": "Forbidden", "message": conflict_message(&namespace)},
+    });
+    Ok((
+        Verdict::Denied,
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+        namespace,
+    ))
+}
+
 /// A port from annotation `key`, or `default`.
 fn port(pod: &Value, key: &str, default: u16) -> Result<u16, String> {
     match pod["metadata"]["annotations"][key].as_str() {
@@ -154,10 +190,13 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
         .iter()
         .flat_map(|k| spec[*k].as_array().into_iter().flatten())
         .filter_map(|c| c["name"].as_str());
-    if pod["metadata"]["annotations"][INJECTED].is_string()
-        || pod["metadata"]["labels"]["minimesh.io/inject"] == "disabled"
-        || names.clone().any(|n| n == SIDECAR)
-    {
+    if pod["metadata"]["labels"]["minimesh.io/inject"] == "disabled" {
+        return Ok(None);
+    }
+    if pod["metadata"]["annotations"][INJECTED].is_string() {
+        return reinvoked(pod);
+    }
+    if names.clone().any(|n| n == SIDECAR) {
         return Ok(None);
     }
     if pod["metadata"]["labels"]["minimesh.io/inject"] == "gateway" {
@@ -202,6 +241,61 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     } else {
         ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar]}));
     }
+    ops.extend(proxy_env(spec));
+    mark_injected(pod, t, Vec::new(), &mut ops);
+    Ok(Some(ops))
+}
+
+/// The pod injected already, seen again because a later webhook changed it
+/// (`reinvocationPolicy: IfNeeded`): the app containers that webhook added
+/// get what the first pass gave the others (captured, their HTTP probes
+/// pointed at the sidecar; explicit, `HTTP_PROXY` and `NO_PROXY`), and
+/// nothing else changes: with nothing new, no patch.
+fn reinvoked(pod: &Value) -> Result<Option<Vec<Value>>, String> {
+    let spec = &pod["spec"];
+    let Some((k, sidecar)) = spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .find(|(_, c)| c["name"] == SIDECAR)
+    else {
+        // A gateway (its proxy is its own container) or a sidecar removed
+        // by another webhook: nothing of ours to complete.
+        return Ok(None);
+    };
+    let vars = sidecar["env"].as_array().cloned().unwrap_or_default();
+    let var = |name: &str| vars.iter().enumerate().find(|(_, e)| e["name"] == name);
+    let ops = if var("MINIMESH_CAPTURE").is_some_and(|(_, e)| e["value"] == "true") {
+        if !probes::wanted(pod) {
+            return Ok(None);
+        }
+        let (mut ops, originals) = probes::rewrite(pod, ADMIN_PORT)?;
+        if originals.is_empty() {
+            return Ok(None);
+        }
+        match var("MINIMESH_APP_PROBES") {
+            Some((j, e)) => {
+                let mut all: serde_json::Map<String, Value> =
+                    serde_json::from_str(e["value"].as_str().unwrap_or("{}")).map_err(|e| {
+                        format!("spec.initContainers[{SIDECAR}].env[MINIMESH_APP_PROBES]: {e}")
+                    })?;
+                all.extend(originals);
+                ops.push(json!({"op": "replace", "path": format!("/spec/initContainers/{k}/env/{j}/value"), "value": Value::Object(all).to_string()}));
+            }
+            None => ops.push(json!({"op": "add", "path": format!("/spec/initContainers/{k}/env/-"), "value": env("MINIMESH_APP_PROBES", Value::Object(originals).to_string())})),
+        }
+        ops
+    } else {
+        proxy_env(spec)
+    };
+    Ok((!ops.is_empty()).then_some(ops))
+}
+
+/// `HTTP_PROXY` and `NO_PROXY` for every app container that sets neither
+/// (the explicit mode).
+fn proxy_env(spec: &Value) -> Vec<Value> {
+    let mut ops = Vec::new();
     // Plain-HTTP calls go through the sidecar; the pod's own loopback does
     // not (unless the container sets either variable itself).
     let vars = [
@@ -234,8 +328,7 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
             }
         }
     }
-    mark_injected(pod, t, Vec::new(), &mut ops);
-    Ok(Some(ops))
+    ops
 }
 
 /// Labels the pod as a proxy's and annotates it as injected (with `extra`
@@ -304,6 +397,8 @@ fn sidecar_container(t: &Template, extra_env: Vec<Value>, ports: Value, id: u32)
             "runAsUser": id,
             "runAsGroup": id,
             "capabilities": {"drop": ["ALL"]},
+            // Pod Security's restricted profile, whatever the pod sets.
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
     })
 }
@@ -367,6 +462,7 @@ fn captured(pod: &Value, t: &Template) -> Result<Vec<Value>, String> {
             "runAsUser": 0,
             "runAsGroup": 0,
             "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
     });
     let (probe_ops, originals) = if probes::wanted(pod) {
@@ -707,9 +803,93 @@ mod tests {
         );
     }
 
+    /// Applies the `add` and `replace` operations of a JSON Patch, as the
+    /// API server does with the webhook's answer.
+    fn apply(doc: &mut Value, ops: &[Value]) {
+        for op in ops {
+            let path = op["path"].as_str().expect("path");
+            let (parent, last) = path.rsplit_once('/').expect("a pointer");
+            let last = last.replace("~1", "/").replace("~0", "~");
+            let target = doc.pointer_mut(parent).expect(path);
+            let value = op["value"].clone();
+            match (op["op"].as_str(), target) {
+                (Some("add"), Value::Array(a)) if last == "-" => a.push(value),
+                (Some("add"), Value::Array(a)) => a.insert(last.parse().expect("index"), value),
+                (Some("replace"), Value::Array(a)) => {
+                    a[last.parse::<usize>().expect("index")] = value
+                }
+                (Some("add" | "replace"), Value::Object(o)) => {
+                    o.insert(last, value);
+                }
+                (op, _) => panic!("{op:?} at {path}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_seen_again_gets_only_what_a_later_webhook_added() {
+        let agent = json!({"name": "agent", "image": "agent:1",
+            "livenessProbe": {"httpGet": {"path": "/alive", "port": 9000}}});
+        // Captured: the new container's probe goes to the sidecar, and the
+        // sidecar learns its original beside the first pass's.
+        let mut p = pod(json!({}));
+        p["spec"]["containers"][0]["readinessProbe"] =
+            json!({"httpGet": {"path": "/ready", "port": 8080}});
+        let ops = patch(&p, &template()).expect("patch").expect("ops");
+        apply(&mut p, &ops);
+        assert_eq!(patch(&p, &template()), Ok(None), "nothing new: no patch");
+        p["spec"]["containers"]
+            .as_array_mut()
+            .expect("containers")
+            .push(agent.clone());
+        let ops = patch(&p, &template()).expect("patch").expect("ops");
+        apply(&mut p, &ops);
+        assert_eq!(
+            p["spec"]["containers"][2]["livenessProbe"]["httpGet"],
+            json!({"path": "/app-health/agent/livez", "port": ADMIN_PORT, "scheme": "HTTP"})
+        );
+        let sidecar = &p["spec"]["initContainers"][1];
+        assert_eq!(sidecar["name"], SIDECAR);
+        let probes = sidecar["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == "MINIMESH_APP_PROBES"))
+            .expect("probes");
+        let probes: Value =
+            serde_json::from_str(probes["value"].as_str().expect("JSON")).expect("JSON");
+        assert_eq!(
+            probes,
+            json!({
+                "/app-health/web/readyz": {"path": "/ready", "port": 8080},
+                "/app-health/agent/livez": {"path": "/alive", "port": 9000},
+            })
+        );
+        assert_eq!(patch(&p, &template()), Ok(None));
+        // Explicit: the new container gets the proxy variables.
+        let mut p = explicit_pod();
+        let ops = patch(&p, &template()).expect("patch").expect("ops");
+        apply(&mut p, &ops);
+        assert_eq!(patch(&p, &template()), Ok(None));
+        p["spec"]["containers"]
+            .as_array_mut()
+            .expect("containers")
+            .push(agent);
+        let ops = patch(&p, &template()).expect("patch").expect("ops");
+        assert_eq!(
+            ops,
+            [
+                json!({"op": "add", "path": "/spec/containers/2/env", "value": [
+                    {"name": "HTTP_PROXY", "value": format!("http://{OUTBOUND}")},
+                    {"name": "NO_PROXY", "value": "localhost,127.0.0.1"},
+                ]})
+            ]
+        );
+    }
+
     #[test]
     fn injected_opted_out_and_hand_written_pods_are_left_alone() {
         for extra in [
+            // Injected, but its sidecar is not there (another webhook took it
+            // out): nothing of minimesh's to complete.
             json!({"metadata": {"name": "w", "annotations": {INJECTED: "true"}}}),
             json!({"metadata": {"name": "w", "labels": {"minimesh.io/inject": "disabled"}}}),
             json!({"spec": {"containers": [{"name": SIDECAR, "image": "minimesh"}]}}),

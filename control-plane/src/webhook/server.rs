@@ -1,5 +1,7 @@
-//! The webhooks' HTTPS server: `POST /validate` (rules) and `POST /inject`
-//! (pods) take an AdmissionReview (at most 4 MiB: the API server's objects
+//! The webhooks' HTTPS server: `POST /validate` (rules), `POST /inject`
+//! (pods) and `POST /inject-conflict` (pods of a namespace labelled for
+//! Istio's injection too: refused, with an Event on the namespace) take an
+//! AdmissionReview (at most 4 MiB: the API server's objects
 //! are at most 1.5 MiB), anything else is 404. HTTP/1.1 and HTTP/2 (the API
 //! server speaks either).
 
@@ -13,6 +15,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use rustls::pki_types::pem::PemObject;
@@ -55,6 +59,7 @@ pub async fn serve(
     config: rustls::ServerConfig,
     template: Arc<Template>,
     reviews: Family<VerdictLabel, Counter>,
+    events: Option<Recorder>,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(config));
     info!(addr = ?listener.local_addr().ok(), "admission webhook serving");
@@ -70,6 +75,7 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         let reviews = reviews.clone();
         let template = template.clone();
+        let events = events.clone();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
@@ -79,7 +85,10 @@ pub async fn serve(
             let svc = service_fn(move |req| {
                 let reviews = reviews.clone();
                 let template = template.clone();
-                async move { Ok::<_, Infallible>(handle(req, &template, &reviews).await) }
+                let events = events.clone();
+                async move {
+                    Ok::<_, Infallible>(handle(req, &template, &reviews, events.as_ref()).await)
+                }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
@@ -92,14 +101,16 @@ async fn handle(
     req: Request<Incoming>,
     template: &Template,
     reviews: &Family<VerdictLabel, Counter>,
+    events: Option<&Recorder>,
 ) -> Response<Full<Bytes>> {
     let webhook = match (req.method(), req.uri().path()) {
         (&Method::POST, "/validate") => "validate",
         (&Method::POST, "/inject") => "inject",
+        (&Method::POST, "/inject-conflict") => "inject-conflict",
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
-                "the webhooks serve POST /validate and POST /inject\n",
+                "the webhooks serve POST /validate, POST /inject and POST /inject-conflict\n",
             )
         }
     };
@@ -114,6 +125,13 @@ async fn handle(
     };
     let answer = match webhook {
         "validate" => review(&body),
+        "inject-conflict" => inject::conflict_review(&body).map(|(verdict, response, ns)| {
+            if let Some(events) = events {
+                let events = events.clone();
+                tokio::spawn(async move { conflict_event(&events, &ns).await });
+            }
+            (verdict, response)
+        }),
         _ => inject::review(&body, template),
     };
     let (verdict, response) = match answer {
@@ -143,6 +161,27 @@ async fn handle(
             serde_json::to_vec(&response).unwrap_or_default(),
         )))
         .unwrap_or_default()
+}
+
+/// A Warning Event on the namespace whose pods were refused for carrying
+/// both meshes' injection labels (repeats count up one Event's series).
+async fn conflict_event(events: &Recorder, namespace: &str) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Namespace".into()),
+        name: Some(namespace.to_string()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "TwoMeshesInject".into(),
+        note: Some(inject::conflict_message(namespace)),
+        action: "Inject".into(),
+        secondary: None,
+    };
+    if let Err(e) = events.publish(&event, &reference).await {
+        warn!(namespace, error = %e, "publishing an Event failed");
+    }
 }
 
 fn text(code: StatusCode, body: &str) -> Response<Full<Bytes>> {

@@ -55,6 +55,14 @@ pub fn rewrite(pod: &Value, admin_port: u16) -> Result<(Vec<Value>, Map<String, 
             {
                 continue;
             }
+            // Pointed at the sidecar already (the webhook called again).
+            if get["port"] == admin_port
+                && get["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/app-health/"))
+            {
+                continue;
+            }
             let at = format!("spec.containers[{name}].{field}.httpGet.port");
             let port = match &get["port"] {
                 Value::Number(n) => n
