@@ -27,14 +27,17 @@ pub struct ApplyArgs {
 pub struct Validated {
     /// Its identity.
     pub key: ObjectKey,
-    /// Its resolved policy.
-    pub policy: &'static str,
+    /// Its resolved policy; a PeerAuthentication's mode; the Service a
+    /// VirtualService routes (`name.namespace`).
+    pub policy: String,
     /// The policy of each port with its own (`portLevelSettings`).
     pub port_policies: Vec<(u16, &'static str)>,
     /// The document, to store.
     pub raw: serde_json::Value,
     /// Caveats.
     pub warnings: Vec<String>,
+    /// A VirtualService's route as users read it (`: timeout 500ms`).
+    pub route: String,
 }
 
 impl Validated {
@@ -42,6 +45,7 @@ impl Validated {
     pub fn kind(&self) -> &'static str {
         match self.key.kind {
             "PeerAuthentication" => "peerauthentication",
+            "VirtualService" => "virtualservice",
             _ => "destinationrule",
         }
     }
@@ -51,6 +55,9 @@ impl Validated {
     pub fn describe(&self) -> String {
         if self.key.kind == "PeerAuthentication" {
             return format!("mtls {}", self.policy);
+        }
+        if self.key.kind == "VirtualService" {
+            return format!("routes {}{}", self.policy, self.route);
         }
         let mut s = self.policy.to_string();
         for (port, policy) in &self.port_policies {
@@ -77,7 +84,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
             (Err(e), _) => errors.push(e.to_string()),
             (Ok(Object::Rule(r)), Some(key)) => out.push(Validated {
                 key,
-                policy: r.resolved.policy.as_str(),
+                policy: r.resolved.policy.as_str().to_string(),
                 port_policies: r
                     .resolved
                     .ports
@@ -86,6 +93,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                     .collect(),
                 raw: doc.raw,
                 warnings: r.warnings.clone(),
+                route: String::new(),
             }),
             (Ok(Object::PeerAuth(_, mode)), Some(key)) => out.push(Validated {
                 key,
@@ -93,13 +101,23 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                     minimesh_proto::v1::MtlsMode::MtlsStrict => "STRICT",
                     minimesh_proto::v1::MtlsMode::MtlsPermissive => "PERMISSIVE",
                     minimesh_proto::v1::MtlsMode::Unset => "UNSET",
-                },
+                }
+                .to_string(),
                 port_policies: vec![],
                 raw: doc.raw,
                 warnings: vec![],
+                route: String::new(),
+            }),
+            (Ok(Object::VirtualService(v)), Some(key)) => out.push(Validated {
+                key,
+                policy: format!("{}.{}", v.service.0, v.service.1),
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+                route: route_summary(&v),
             }),
             (Ok(_), Some(key)) => errors.push(format!(
-                "{}: {key}: minimesh apply takes DestinationRules and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
+                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
                 path.display()
             )),
             (Ok(_), None) => {}
@@ -110,11 +128,36 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
     }
     if out.is_empty() {
         bail!(
-            "{}: no DestinationRule or PeerAuthentication in the file",
+            "{}: no DestinationRule, VirtualService or PeerAuthentication in the file",
             path.display()
         );
     }
     Ok(out)
+}
+
+/// What a VirtualService's route sets, as `minimesh apply` prints it.
+fn route_summary(
+    v: &minimesh_control_plane::config::virtual_service::ValidVirtualService,
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = v.port {
+        parts.push(format!("port {p}"));
+    }
+    if let Some(t) = v.timeout {
+        parts.push(format!("timeout {t:?}"));
+    }
+    if let Some(r) = &v.retries {
+        if let Some(a) = r.attempts {
+            parts.push(format!("{a} retries"));
+        }
+        if let Some(t) = r.per_try_timeout {
+            parts.push(format!("per try {t:?}"));
+        }
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(": {}", parts.join(", ")),
+    }
 }
 
 /// Validates and stores a file's rules into the mesh's config directory.
@@ -161,7 +204,7 @@ pub async fn run(home: PathBuf, args: ApplyArgs) -> anyhow::Result<()> {
         applied.extend(apply_file(&state, f)?);
     }
     for r in &applied {
-        wait_rule(&state, &r.key, r.policy).await?;
+        wait_rule(&state, &r.key, &r.policy).await?;
         println!(
             "{} {}/{} applied: {}",
             r.kind(),
@@ -184,6 +227,7 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
         // In force once the control plane lists it (every proxy's ACK of it
         // is `wait_converged`'s to wait for).
         "PeerAuthentication" => ("peerAuthentications", "mode"),
+        "VirtualService" => ("virtualServices", "service"),
         _ => ("rules", "policy"),
     };
     let admin = state.control_plane_admin.to_string();
@@ -201,7 +245,7 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
                 .cloned()
         });
         if let Some(rule) = found {
-            if rule["accepted"] == true || key.kind == "PeerAuthentication" {
+            if rule["accepted"] == true || key.kind != "DestinationRule" {
                 return Ok(());
             }
             bail!(
@@ -215,5 +259,33 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
             bail!("the control plane did not pick up {key} within 10s; its errors: {errors}");
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_virtual_service_is_applied_and_described_by_what_its_route_sets() {
+        let text = "apiVersion: networking.istio.io/v1alpha3\nkind: VirtualService\nmetadata: {name: simple-backend-vs}\nspec:\n  hosts: [simple-backend]\n  http:\n  - route:\n    - destination: {host: simple-backend}\n    timeout: 0.5s\n    retries: {attempts: 2}\n";
+        let v = validate_text(Path::new("vs.yaml"), text, "istioinaction").expect("valid");
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].kind(), "virtualservice");
+        assert_eq!(
+            v[0].describe(),
+            "routes simple-backend.istioinaction: timeout 500ms, 2 retries"
+        );
+        let refused = text.replace(
+            "    timeout: 0.5s\n",
+            "    fault: {delay: {fixedDelay: 1s}}\n",
+        );
+        let Err(e) = validate_text(Path::new("vs.yaml"), &refused, "istioinaction") else {
+            panic!("refused");
+        };
+        assert_eq!(
+            e.to_string(),
+            "vs.yaml: VirtualService istioinaction/simple-backend-vs: spec.http[0].fault: injecting faults is not implemented yet; this VirtualService is not applied"
+        );
     }
 }

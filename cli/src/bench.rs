@@ -389,7 +389,7 @@ async fn measure(
     let file = out.join("rules").join(format!("{}.yaml", slug(name)));
     std::fs::write(&file, rule)?;
     for r in apply_file(&mesh.state, &file)? {
-        wait_rule(&mesh.state, &r.key, r.policy).await?;
+        wait_rule(&mesh.state, &r.key, &r.policy).await?;
     }
     wait_converged(&mesh.state, Duration::from_secs(20)).await?;
     let ingress = mesh

@@ -81,10 +81,12 @@ async fn policies(mesh: &Mesh, args: &DemoArgs) -> anyhow::Result<()> {
     for rule in &args.rules {
         let applied = apply_file(&mesh.state, rule)?;
         for r in &applied {
-            wait_rule(&mesh.state, &r.key, r.policy).await?;
+            wait_rule(&mesh.state, &r.key, &r.policy).await?;
         }
         wait_converged(&mesh.state, Duration::from_secs(10)).await?;
-        let policy = applied.first().map_or("?", |r| r.policy);
+        let policy = applied
+            .first()
+            .map_or_else(|| "?".to_string(), |r| r.policy.clone());
         println!(
             "\n== {} ({policy}): {} qps over {} connections for {:?} through http://{ingress} (Host: {})",
             rule.display(),

@@ -35,6 +35,8 @@ pub struct ConfigView {
     pub rules: Vec<Value>,
     /// PeerAuthentications in force, with their modes.
     pub peer_authentications: Vec<Value>,
+    /// VirtualServices applied, with what their routes set.
+    pub virtual_services: Vec<Value>,
     /// Rejected input.
     pub errors: Vec<ConfigError>,
     /// Caveats.
@@ -63,6 +65,10 @@ pub struct Admin {
     /// Shutting down: not ready while the endpoints drop this replica
     /// (`--termination-drain`).
     pub draining: std::sync::atomic::AtomicBool,
+    /// Before the first complete read: what the Kubernetes source waits for
+    /// (an API discovery, watches whose first list has not completed), for
+    /// `/readyz` to name.
+    pub waiting_for: watch::Sender<Vec<String>>,
 }
 
 impl Admin {
@@ -124,7 +130,12 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             } else if admin.config().synced {
                 text(StatusCode::OK, "ready\n".into())
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "config not synced yet\n".into())
+                let waiting = admin.waiting_for.borrow().join(", ");
+                let why = match waiting.is_empty() {
+                    true => "config not synced yet\n".to_string(),
+                    false => format!("config not synced yet: waiting for {waiting}\n"),
+                };
+                text(StatusCode::SERVICE_UNAVAILABLE, why)
             }
         }
         "/metrics" => {
@@ -151,7 +162,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

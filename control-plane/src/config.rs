@@ -7,5 +7,6 @@ pub mod kube;
 pub mod parse;
 pub mod rule;
 pub mod security;
+pub mod virtual_service;
 
 pub use parse::{parse_documents, ConfigError, Object};

@@ -195,6 +195,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         status: watch::Sender::new(Arc::default()),
         debug_for_all: args.admin_debug,
         draining: Default::default(),
+        waiting_for: watch::Sender::new(Vec::new()),
     });
 
     let la = Arc::new(LoadAwareState {
@@ -249,7 +250,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             pods: ca.is_some(),
         };
         scope.check(&client).await?;
-        tokio::spawn(source::kubernetes::run(client.clone(), scope, tx));
+        tokio::spawn(source::kubernetes::run(
+            client.clone(),
+            scope,
+            tx,
+            admin.waiting_for.clone(),
+        ));
         info!("waiting for the first complete list of rules, Services and EndpointSlices");
         rx.changed()
             .await
@@ -624,6 +630,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
     admin.set_config(ConfigView {
         rules,
         peer_authentications,
+        virtual_services: store
+            .virtual_services
+            .iter()
+            .map(|(k, (v, _))| config::virtual_service::view(&k.namespace, &k.name, v))
+            .collect(),
         errors: store.errors.clone(),
         warnings: store.warnings.clone(),
         synced: true,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::config::kube::{EndpointSlice, Service};
 use crate::config::parse::{ObjectKey, ValidRule};
 use crate::config::security::{PeerAuthentication, Pod};
+use crate::config::virtual_service::ValidVirtualService;
 use crate::config::{ConfigError, Object};
 use minimesh_proto::v1::MtlsMode;
 
@@ -27,6 +28,8 @@ pub struct Store {
     pub peer_auth: BTreeMap<ObjectKey, (Arc<PeerAuthentication>, MtlsMode)>,
     /// Pods (whether each runs a sidecar).
     pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
+    /// VirtualServices applied (one per Service).
+    pub virtual_services: BTreeMap<ObjectKey, (Arc<ValidVirtualService>, Origin)>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
@@ -116,6 +119,28 @@ impl Store {
             }
             Object::Pod(p) => {
                 self.pods.insert(key, p);
+            }
+            Object::VirtualService(v) => {
+                // One per Service, as Istio merges none for sidecars: the
+                // first read applies, the others are refused saying so.
+                let other = self
+                    .virtual_services
+                    .iter()
+                    .find(|(k, (o, _))| o.service == v.service && *k != &key);
+                match other {
+                    Some((first, _)) => self.errors.push(ConfigError {
+                        file: origin.clone(),
+                        object: Some(key.to_string()),
+                        field: Some("spec.hosts".into()),
+                        reason: format!(
+                            "service {}.{} already has VirtualService {}/{}; only one applies, this one is not applied",
+                            v.service.0, v.service.1, first.namespace, first.name
+                        ),
+                    }),
+                    None => {
+                        self.virtual_services.insert(key, (v, origin.clone()));
+                    }
+                }
             }
         }
     }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
 use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
+use crate::config::virtual_service::ValidVirtualService;
 use crate::store::Store;
 
 mod security;
@@ -153,19 +154,7 @@ pub fn port_kind(port: &ServicePort) -> PortProtocol {
     }
 }
 
-/// Resolves a rule host to (service, namespace): `name` (in the rule's
-/// namespace), `name.ns`, `name.ns.svc`, `name.ns.svc.cluster.local`.
-pub fn resolve_host(host: &str, rule_namespace: &str) -> Option<(String, String)> {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let parts: Vec<&str> = host.split('.').collect();
-    match parts.as_slice() {
-        [name] => Some((name.to_string(), rule_namespace.to_string())),
-        [name, ns] | [name, ns, "svc"] | [name, ns, "svc", "cluster", "local"] => {
-            Some((name.to_string(), ns.to_string()))
-        }
-        _ => None,
-    }
-}
+pub use crate::config::kube::resolve_host;
 
 /// Translates the store. Rules for the same service conflict: the first in
 /// (namespace, name) order wins and the others are reported.
@@ -252,6 +241,11 @@ pub fn translate(
         ..Resources::default()
     };
     let meshed = security::meshed_ips(store);
+    let vs_for: BTreeMap<(String, String), &ValidVirtualService> = store
+        .virtual_services
+        .values()
+        .map(|(v, _)| (v.service.clone(), v.as_ref()))
+        .collect();
     let no_rule = rule::Resolved::default();
     for (skey, svc) in &store.services {
         if let Some(value) = svc.metadata.annotations.get(EXPORT_TO) {
@@ -337,6 +331,9 @@ pub fn translate(
             } else {
                 res.max_requests
             };
+            if let Some(vs) = vs_for.get(&(skey.name.clone(), skey.namespace.clone())) {
+                route_settings(&mut cluster, vs, port.port.into());
+            }
             match res.policy {
                 Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
                 Policy::Maglev => cluster.table_size = res.hash_table_size,
@@ -436,6 +433,31 @@ pub fn translate(
 }
 
 /// Outlier detection on the wire.
+/// A VirtualService's route over the cluster of one of its Service's
+/// ports: its timeout and retries take the place of the DestinationRule's
+/// (Istio's precedence: there they are the VirtualService's alone); what it
+/// leaves unset stays.
+fn route_settings(cluster: &mut Cluster, vs: &ValidVirtualService, port: u32) {
+    if vs.port.is_some_and(|p| p != port) {
+        return;
+    }
+    if let Some(t) = vs.timeout {
+        cluster.timeout_ms = t.as_millis() as u64;
+    }
+    if let Some(r) = &vs.retries {
+        if let Some(a) = r.attempts {
+            cluster.retry_attempts = a;
+        }
+        if let Some(t) = r.per_try_timeout {
+            cluster.per_try_timeout_ms = t.as_millis() as u64;
+        }
+        if let Some((bits, codes)) = &r.retry_on {
+            cluster.retry_on = *bits;
+            cluster.retriable_status_codes = codes.clone();
+        }
+    }
+}
+
 fn outlier_detection(o: &rule::Outlier) -> v1::OutlierDetection {
     v1::OutlierDetection {
         consecutive_5xx: o.consecutive_5xx,

@@ -183,6 +183,11 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "min_health_percent": o.min_health_percent,
                         "ignore_503": o.ignore_503,
                     })),
+                    // The request's time and attempts (a rule's, or its
+                    // VirtualService's route's).
+                    "timeout_ms": c.timeout.map(|t| t.as_millis() as u64),
+                    "per_try_timeout_ms": c.per_try_timeout.map(|t| t.as_millis() as u64),
+                    "retry_attempts": c.retry_attempts,
                     "retries": c.budget.retried.load(Ordering::Relaxed),
                     "retry_budget_exhausted": c.budget.exhausted.load(Ordering::Relaxed),
                 }),

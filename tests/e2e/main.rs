@@ -29,5 +29,6 @@ mod resilience;
 mod scope;
 mod timeouts;
 mod upstream_http;
+mod virtual_service;
 mod xds_v3;
 mod xds_v3_envoy;

@@ -277,3 +277,53 @@ async fn under_namespaced_roles_istios_rules_are_read_where_installed() {
         cp.log_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_says_what_it_waits_for() {
+    let net = Net::new(123);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    // An API server answering nothing but 429: no list completes.
+    fake.throttle_every(1);
+    let kubeconfig = net.dir.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig);
+    let args: Vec<String> = [
+        "--source",
+        "kubernetes",
+        "--xds-addr",
+        &net.addr(254, 15010).to_string(),
+        "--admin-addr",
+        &net.addr(254, 15014).to_string(),
+        "--lease-namespace",
+        "minimesh-system",
+        "--identity",
+        "cp-0",
+        "--watch-namespaces",
+        "a",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let cp = net.spawn(
+        "cp-0",
+        "control-plane",
+        &args,
+        &[("KUBECONFIG", kubeconfig.display().to_string())],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let said = loop {
+        if let Ok((503, _, body)) = get(net.addr(254, 15014), "localhost", "/readyz").await {
+            if body.contains("waiting for") {
+                break body;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", cp.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        said,
+        "config not synced yet: waiting for API discovery of networking.istio.io/v1\n"
+    );
+    // The API server answers again: ready.
+    fake.throttle_every(0);
+    wait_http(net.addr(254, 15014), "/readyz").await;
+}

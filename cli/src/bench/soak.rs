@@ -162,7 +162,7 @@ async fn soak(mesh: &mut Mesh, out: &Path, args: &SoakArgs) -> anyhow::Result<()
                 format!("apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: simple-backend-soak\n  namespace: istioinaction\nspec:\n  host: simple-backend\n  trafficPolicy:\n    loadBalancer:\n      simple: {policy}\n"),
             )?;
             for r in apply_file(&mesh.state, &rule_file)? {
-                wait_rule(&mesh.state, &r.key, r.policy).await?;
+                wait_rule(&mesh.state, &r.key, &r.policy).await?;
             }
             rules += 1;
             next_rule += RULE_EVERY;

@@ -43,6 +43,20 @@ pub struct ObjectMeta {
     pub generation: Option<i64>,
 }
 
+/// Resolves a rule host to (service, namespace): `name` (in the rule's
+/// namespace), `name.ns`, `name.ns.svc`, `name.ns.svc.cluster.local`.
+pub fn resolve_host(host: &str, rule_namespace: &str) -> Option<(String, String)> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let parts: Vec<&str> = host.split('.').collect();
+    match parts.as_slice() {
+        [name] => Some((name.to_string(), rule_namespace.to_string())),
+        [name, ns] | [name, ns, "svc"] | [name, ns, "svc", "cluster", "local"] => {
+            Some((name.to_string(), ns.to_string()))
+        }
+        _ => None,
+    }
+}
+
 /// A Kubernetes `Service`: the ports callers address.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

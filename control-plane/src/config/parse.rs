@@ -10,6 +10,9 @@ use serde::Serialize;
 use super::kube::{EndpointSlice, Service};
 use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
 use super::security::{PeerAuthentication, Pod};
+use super::virtual_service::{
+    self, ValidVirtualService, VirtualService, VIRTUAL_SERVICE_API_VERSIONS,
+};
 use minimesh_proto::v1::MtlsMode;
 
 /// Files larger than this are rejected before parsing: config files are
@@ -61,7 +64,7 @@ pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
     /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service`,
-    /// `EndpointSlice`, `PeerAuthentication` or `Pod`.
+    /// `EndpointSlice`, `PeerAuthentication`, `Pod` or `VirtualService`.
     pub kind: &'static str,
     /// Namespace (`default` when unset).
     pub namespace: String,
@@ -99,6 +102,8 @@ pub enum Object {
     PeerAuth(Arc<PeerAuthentication>, MtlsMode),
     /// A Pod.
     Pod(Arc<Pod>),
+    /// A VirtualService.
+    VirtualService(Arc<ValidVirtualService>),
 }
 
 /// One document of a file, parsed.
@@ -278,6 +283,7 @@ fn parse_value(
         "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
         "PeerAuthentication" => ("PeerAuthentication", &PEER_AUTH_API_VERSIONS),
         "Pod" => ("Pod", &["v1"]),
+        "VirtualService" => ("VirtualService", &VIRTUAL_SERVICE_API_VERSIONS),
         "List" if api_version == "v1" && depth == 0 => {
             if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
                 for item in items.clone() {
@@ -300,7 +306,7 @@ fn parse_value(
         }
         other => {
             out.ignored.push(format!(
-                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
                 file.display()
             ));
             return;
@@ -356,6 +362,11 @@ fn parse_value(
             Ok(Object::PeerAuth(Arc::new(p), mode))
         }),
         "Pod" => typed::<Pod>(value).map(|p| Object::Pod(Arc::new(p))),
+        "VirtualService" => typed::<VirtualService>(value).and_then(|v| {
+            let valid = virtual_service::validate(v, &key.namespace)
+                .map_err(|(field, reason)| (Some(field), reason))?;
+            Ok(Object::VirtualService(Arc::new(valid)))
+        }),
         _ => typed::<EndpointSlice>(value)
             .and_then(validate_slice)
             .map(|s| Object::Slice(Arc::new(s))),

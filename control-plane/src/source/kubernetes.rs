@@ -69,6 +69,15 @@ pub fn watched(pods: bool) -> Vec<Watched> {
             required: false,
         },
         Watched {
+            resource: ar(
+                "networking.istio.io",
+                "v1",
+                "VirtualService",
+                "virtualservices",
+            ),
+            required: false,
+        },
+        Watched {
             resource: ar("", "v1", "Service", "services"),
             required: true,
         },
@@ -179,6 +188,19 @@ struct KindState {
     current: BTreeMap<ObjectKey, Entry>,
     /// Objects of a list in progress (initial or relist); swapped in whole.
     relisting: Option<BTreeMap<ObjectKey, Entry>>,
+}
+
+/// A watch as readiness names it: `destinationrules.networking.istio.io in a`.
+fn describe(source: &Source) -> String {
+    let r = &source.watched.resource;
+    let what = match r.group.as_str() {
+        "" => r.plural.clone(),
+        g => format!("{}.{g}", r.plural),
+    };
+    match &source.namespace {
+        Some(ns) => format!("{what} in {ns}"),
+        None => what,
+    }
 }
 
 /// Where errors and warnings say the object came from.
@@ -323,10 +345,20 @@ async fn installed(client: &Client, resource: &ApiResource) -> bool {
 }
 
 /// Runs the watchers and publishes a store on every change once all kinds
-/// are listed, until the receiver side is gone.
-pub async fn run(client: Client, scope: Scope, tx: watch::Sender<Store>) {
+/// are listed, until the receiver side is gone. Until then, `pending` names
+/// what it waits for: the API discovery of an optional kind, then the
+/// watches whose first list has not completed (readiness says so).
+pub async fn run(
+    client: Client,
+    scope: Scope,
+    tx: watch::Sender<Store>,
+    pending: watch::Sender<Vec<String>>,
+) {
     let mut sources = Vec::new();
     for w in watched(scope.pods) {
+        if !w.required {
+            pending.send_replace(vec![format!("API discovery of {}", w.resource.api_version)]);
+        }
         if !w.required && !installed(&client, &w.resource).await {
             info!(
                 kind = %w.resource.kind,
@@ -398,13 +430,25 @@ pub async fn run(client: Client, scope: Scope, tx: watch::Sender<Store>) {
     let resources: Vec<Watched> = sources.iter().map(|s| s.watched.clone()).collect();
     let mut kinds: Vec<KindState> = sources.iter().map(|_| KindState::default()).collect();
     let mut announced = false;
+    pending.send_replace(sources.iter().map(describe).collect());
     while let Some(first) = events.recv().await {
         let mut changed = apply(&mut kinds, &resources, first);
         // Take whatever else is queued, so a burst makes one store.
         while let Ok(more) = events.try_recv() {
             changed |= apply(&mut kinds, &resources, more);
         }
-        if !kinds.iter().all(|k| k.synced) {
+        let waiting: Vec<String> = kinds
+            .iter()
+            .zip(&sources)
+            .filter(|(k, _)| !k.synced)
+            .map(|(_, s)| describe(s))
+            .collect();
+        pending.send_if_modified(|p| {
+            let changed = *p != waiting;
+            *p = waiting.clone();
+            changed
+        });
+        if !waiting.is_empty() {
             continue;
         }
         if !announced {

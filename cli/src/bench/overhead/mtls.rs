@@ -40,7 +40,7 @@ pub(super) async fn services(mesh: &Mesh, out: &Path, pod: &Pod) -> anyhow::Resu
         format!("apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {{name: echo-plaintext, namespace: {ns}}}\nspec:\n  host: echo\n  trafficPolicy:\n    tls: {{mode: DISABLE}}\n"),
     )?;
     for r in crate::apply::apply_file(&mesh.state, &rule)? {
-        crate::apply::wait_rule(&mesh.state, &r.key, r.policy).await?;
+        crate::apply::wait_rule(&mesh.state, &r.key, &r.policy).await?;
     }
     Ok(())
 }
