@@ -561,16 +561,21 @@ mod tests {
         (addr, conns)
     }
 
-    async fn call(pool: &H2Pool, addr: SocketAddr, s: &PoolSettings, open: &Arc<AtomicU32>) {
-        let stream = pool.stream(addr, s, open, false).await.expect("stream");
-        let req = request(
+    /// A GET of `svc` with no body.
+    fn get() -> Request<RequestBody> {
+        request(
             &Method::GET,
             None,
             &HeaderMap::new(),
             &Authority::from_static("svc"),
             false,
             Either::Left(Full::new(Bytes::new())),
-        );
+        )
+    }
+
+    async fn call(pool: &H2Pool, addr: SocketAddr, s: &PoolSettings, open: &Arc<AtomicU32>) {
+        let stream = pool.stream(addr, s, open, false).await.expect("stream");
+        let req = get();
         let resp = pool
             .send(addr, s, open, false, stream, req)
             .await
@@ -683,14 +688,7 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "still open");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let req = request(
-            &Method::GET,
-            None,
-            &HeaderMap::new(),
-            &Authority::from_static("svc"),
-            false,
-            Either::Left(Full::new(Bytes::new())),
-        );
+        let req = get();
         let resp = pool
             .send(addr, &SETTINGS, &open, false, stream, req)
             .await

@@ -54,6 +54,13 @@ fn rule(name: &str, host: &str, load_balancer: Value) -> Value {
 
 /// Starts a control plane reading the fake API.
 pub async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
+    let p = spawn_control_plane(net, fake, id, host, extra);
+    wait_http(net.addr(host, 15014), "/readyz").await;
+    p
+}
+
+/// The same, not waiting until it is ready.
+pub fn spawn_control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
     let kubeconfig = net.dir.join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig);
     let mut args: Vec<String> = [
@@ -72,14 +79,12 @@ pub async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let p = net.spawn(
+    net.spawn(
         id,
         "control-plane",
         &args,
         &[("KUBECONFIG", kubeconfig.display().to_string())],
-    );
-    wait_http(net.addr(host, 15014), "/readyz").await;
-    p
+    )
 }
 
 /// Waits until replica `id` holds the control plane's Lease.

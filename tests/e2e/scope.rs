@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::fake_kube::FakeKube;
 use crate::harness::*;
-use crate::kubernetes::control_plane;
+use crate::kubernetes::{control_plane, spawn_control_plane};
 
 fn namespace(name: &str, labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
@@ -222,26 +222,12 @@ async fn a_service_exported_to_some_namespaces_reaches_only_their_sidecars() {
 async fn a_selector_the_api_server_cannot_parse_stops_the_start_naming_the_flag() {
     let net = Net::new(117);
     let fake = FakeKube::start(net.addr(250, 6443)).await;
-    let kubeconfig = net.dir.join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig);
-    let args: Vec<String> = [
-        "--source",
-        "kubernetes",
-        "--xds-addr",
-        &net.addr(254, 15010).to_string(),
-        "--admin-addr",
-        &net.addr(254, 15014).to_string(),
-        "--namespace-selector",
-        "team in (a, b",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut cp = net.spawn(
+    let mut cp = spawn_control_plane(
+        &net,
+        &fake,
         "cp",
-        "control-plane",
-        &args,
-        &[("KUBECONFIG", kubeconfig.display().to_string())],
+        254,
+        &["--namespace-selector", "team in (a, b"],
     );
     let status = cp.exited(Duration::from_secs(20)).await;
     assert!(!status.success());
@@ -284,31 +270,7 @@ async fn readiness_says_what_it_waits_for() {
     let fake = FakeKube::start(net.addr(250, 6443)).await;
     // An API server answering nothing but 429: no list completes.
     fake.throttle_every(1);
-    let kubeconfig = net.dir.join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig);
-    let args: Vec<String> = [
-        "--source",
-        "kubernetes",
-        "--xds-addr",
-        &net.addr(254, 15010).to_string(),
-        "--admin-addr",
-        &net.addr(254, 15014).to_string(),
-        "--lease-namespace",
-        "minimesh-system",
-        "--identity",
-        "cp-0",
-        "--watch-namespaces",
-        "a",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let cp = net.spawn(
-        "cp-0",
-        "control-plane",
-        &args,
-        &[("KUBECONFIG", kubeconfig.display().to_string())],
-    );
+    let cp = spawn_control_plane(&net, &fake, "cp-0", 254, &["--watch-namespaces", "a"]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let said = loop {
         if let Ok((503, _, body)) = get(net.addr(254, 15014), "localhost", "/readyz").await {

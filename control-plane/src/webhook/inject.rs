@@ -97,17 +97,24 @@ pub struct Identity {
     pub audience: String,
 }
 
-/// Answers an AdmissionReview about a Pod with the patch that injects the
-/// sidecar (or none).
-pub fn review(body: &[u8], template: &Template) -> Result<(Verdict, Value), String> {
+/// An AdmissionReview with a request and its uid, or why not.
+fn admission_request(body: &[u8]) -> Result<Value, String> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
     if v["kind"] != "AdmissionReview" {
         return Err("not an AdmissionReview: kind is not AdmissionReview".into());
     }
-    let uid = v["request"]["uid"]
-        .as_str()
-        .ok_or("not an AdmissionReview: request.uid is missing")?;
+    if !v["request"]["uid"].is_string() {
+        return Err("not an AdmissionReview: request.uid is missing".into());
+    }
+    Ok(v)
+}
+
+/// Answers an AdmissionReview about a Pod with the patch that injects the
+/// sidecar (or none).
+pub fn review(body: &[u8], template: &Template) -> Result<(Verdict, Value), String> {
+    let v = admission_request(body)?;
+    let uid = v["request"]["uid"].as_str().unwrap_or_default();
     let pod = &v["request"]["object"];
     let mut response = json!({ "uid": uid, "allowed": true });
     let verdict = match patch(pod, template) {
@@ -145,14 +152,8 @@ pub fn conflict_message(namespace: &str) -> String {
 /// Answers an AdmissionReview from `/inject-conflict`: refused, saying why;
 /// also the namespace, for the Event.
 pub fn conflict_review(body: &[u8]) -> Result<(Verdict, Value, String), String> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
-    if v["kind"] != "AdmissionReview" {
-        return Err("not an AdmissionReview: kind is not AdmissionReview".into());
-    }
-    let uid = v["request"]["uid"]
-        .as_str()
-        .ok_or("not an AdmissionReview: request.uid is missing")?;
+    let v = admission_request(body)?;
+    let uid = v["request"]["uid"].as_str().unwrap_or_default();
     let namespace = v["request"]["namespace"].as_str().unwrap_or("").to_string();
     let response = json!({
         "uid": uid,
