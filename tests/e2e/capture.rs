@@ -105,12 +105,13 @@ struct Captured {
     pod_ips: BTreeMap<String, Ipv4Addr>,
 }
 
-/// Held (shared) while a capture test's `minimesh up` starts (and through
-/// the capture bench, which makes its pod network mid-run), and
+/// Held (shared) while a capture test's `minimesh up` starts (through the
+/// capture bench, which makes its pod network mid-run, and while the rules
+/// lab makes its own), and
 /// exclusively by the test that kills a mesh until its next start has run:
 /// any start removes what a killed mesh left, and that test must see its own
 /// next start do it, not another test's (they run 4 at a time).
-static STARTS: std::sync::LazyLock<tokio::sync::RwLock<()>> =
+pub static STARTS: std::sync::LazyLock<tokio::sync::RwLock<()>> =
     std::sync::LazyLock::new(|| tokio::sync::RwLock::new(()));
 
 impl Captured {
@@ -770,7 +771,17 @@ async fn the_books_apps_join_unchanged_and_are_balanced_through_capture() {
 }
 
 /// Nothing of network `k` is left: no namespace, link or owner record.
+/// (Unless another test's mesh has claimed the index since: they run 4 at
+/// a time, and a freed index is taken again at once.)
 fn assert_network_gone(k: u8) {
+    let record = format!("/run/minimesh/netns/{k}");
+    let claimed_again = std::fs::read_to_string(&record)
+        .ok()
+        .and_then(|pid| pid.trim().parse::<u32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+    if claimed_again {
+        return;
+    }
     let netns = stdout_of(Command::new("ip").args(["netns", "list"]));
     let prefix = format!("mm{k}-");
     assert!(
@@ -786,7 +797,7 @@ fn assert_network_gone(k: u8) {
             .any(|l| l.contains(&bridge) || l.contains(&veth)),
         "links left: {links}"
     );
-    assert!(!Path::new(&format!("/run/minimesh/netns/{k}")).exists());
+    assert!(!Path::new(&record).exists());
 }
 
 /// Without root, `minimesh up --capture` refuses at once and says why.
@@ -851,7 +862,8 @@ async fn what_a_killed_mesh_left_is_removed_at_the_next_start() {
         &std::fs::read_to_string(Path::new(&home).join("mesh.json")).expect("mesh.json"),
     )
     .expect("json");
-    // No other test's start may clean up before this test's next one.
+    // No other test's start may clean up before this test's next one, nor
+    // take the indexes before the end checks they are gone.
     let exclusive = STARTS.write().await;
     // SIGKILL: no chance to clean up; its children exit with it.
     up.kill();
@@ -870,7 +882,6 @@ async fn what_a_killed_mesh_left_is_removed_at_the_next_start() {
     }
 
     let again = Captured::start_alone(&net, SMALL).await;
-    drop(exclusive);
     let err = std::fs::read_to_string(net.dir.join("logs/up.err")).unwrap_or_default();
     assert!(
         err.contains(&format!(
@@ -888,8 +899,10 @@ async fn what_a_killed_mesh_left_is_removed_at_the_next_start() {
     ]));
     assert_eq!(code, "200");
     let k2 = again.stop().await;
+    // Checked before any other start may take the indexes again.
     assert_network_gone(k);
     assert_network_gone(k2);
+    drop(exclusive);
 }
 
 /// Every golden rule file (`sidecar/src/capture/testdata`) is a script

@@ -89,7 +89,10 @@ async fn each_option_set_sends_connections_where_it_says() {
         return;
     }
     let net = Net::new(144);
-    let mut lab = PodNetwork::create().expect("pod network");
+    let mut lab = {
+        let _shared = crate::capture::STARTS.read().await;
+        PodNetwork::create().expect("pod network")
+    };
     let hosts = minimesh_cli::mesh::pod_network::hosts_file("lab", &[]);
     let mut pods = std::collections::BTreeMap::new();
     // (pod, init-capture flags; None: no rules)

@@ -148,7 +148,42 @@ fn remove_network(k: u8, namespaces: &[String]) {
     let _ = std::fs::remove_file(Path::new(OWNERS).join(k.to_string()));
 }
 
+/// Whether the process whose pid `file` holds is running (false for a
+/// missing or unreadable file).
+fn holder_alive(file: &Path) -> bool {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Takes `lock` (a file created only if absent, holding this pid); a lock
+/// whose holder is gone (a cleaner killed midway) is taken over.
+fn take(lock: &Path) -> bool {
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(lock)
+        {
+            Ok(mut f) => {
+                use std::io::Write as _;
+                return writeln!(f, "{}", std::process::id()).is_ok();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && !holder_alive(lock) => {
+                let _ = std::fs::remove_file(lock);
+            }
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
 /// Removes the networks whose owner process is gone. Returns their indexes.
+/// Starts running at once may all find the same dead owner: each network is
+/// cleaned by one of them (`<k>.cleaning`), and its owner record, which
+/// keeps its index from being claimed, goes last, so that no new network
+/// takes the index while the old one is being removed.
 pub fn clean_leftovers() -> Vec<u8> {
     let mut cleaned = Vec::new();
     let Ok(dir) = std::fs::read_dir(OWNERS) else {
@@ -162,15 +197,19 @@ pub fn clean_leftovers() -> Vec<u8> {
         else {
             continue;
         };
-        let owner = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let alive = owner
-            .trim()
-            .parse::<u32>()
-            .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-        if !alive {
+        if holder_alive(&entry.path()) {
+            continue;
+        }
+        let lock = Path::new(OWNERS).join(format!("{k}.cleaning"));
+        if !take(&lock) {
+            continue; // another start is cleaning it
+        }
+        // Still there and still dead: not cleaned and claimed again since.
+        if entry.path().exists() && !holder_alive(&entry.path()) {
             remove_network(k, &[]);
             cleaned.push(k);
         }
+        let _ = std::fs::remove_file(&lock);
     }
     cleaned
 }
