@@ -116,7 +116,10 @@ pub struct Args {
     #[arg(long, env = "MINIMESH_ADMIN_DEBUG")]
     pub admin_debug: bool,
     /// Extra host name for a service, `HOST=SERVICE.NAMESPACE` (repeatable), e.g.
-    /// `simple-web.istioinaction.io=simple-web.default`.
+    /// `simple-web.istioinaction.io=simple-web.default`. In gateway mode these
+    /// (and `--default-route`) are the only hosts served: a Host naming an
+    /// internal Service (`backend.default.svc.cluster.local`) is answered 404
+    /// without reaching it.
     #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
     pub routes: Vec<(String, String)>,
     /// Service (`SERVICE.NAMESPACE`) for requests whose host matches nothing.

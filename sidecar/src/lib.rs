@@ -295,6 +295,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         aliases: HostAliases {
             aliases: args.routes.clone(),
             fallback: args.default_route.clone(),
+            // The ingress serves the hosts it is given, no internal name.
+            only: args.mode == "gateway",
         },
         routing,
         ready,

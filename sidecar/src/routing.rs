@@ -305,6 +305,45 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_routes_its_hosts_and_no_internal_name() {
+        let mut res = Resources::default();
+        res.set_clusters([
+            cluster("web", LbPolicy::RoundRobin),
+            cluster("backend", LbPolicy::RoundRobin),
+        ]);
+        res.set_endpoints([assignment("web", &[1]), assignment("backend", &[1])]);
+        res.set_routes([route("web"), route("backend")]);
+        let gateway = HostAliases {
+            aliases: vec![("Web.Example".into(), "web.default".into())],
+            fallback: None,
+            only: true,
+        };
+        let r = res.build(&node(), &gateway, &defaults(60));
+        let to = |host: &str| r.lookup(host).map(|c| c.name.to_string());
+        assert_eq!(to("web.example"), Some("web:80".into()));
+        assert_eq!(to("web.example:80"), Some("web:80".into()));
+        for internal in [
+            "backend",
+            "backend.default",
+            "backend.default.svc.cluster.local:80",
+            "web",
+        ] {
+            assert_eq!(to(internal), None, "{internal}");
+        }
+        // A sidecar routes every Service name, as before.
+        let sidecar = HostAliases {
+            only: false,
+            ..gateway
+        };
+        let r = res.build(&node(), &sidecar, &defaults(60));
+        assert_eq!(
+            r.lookup("backend.default.svc.cluster.local")
+                .map(|c| c.name.to_string()),
+            Some("backend:80".into())
+        );
+    }
+
+    #[test]
     fn captured_connections_route_by_service_address_and_port() {
         let mut res = Resources::default();
         res.set_clusters([

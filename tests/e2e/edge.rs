@@ -274,3 +274,54 @@ async fn debug_views_answer_loopback_callers_only_unless_opened() {
     let (status, _, body) = get(outside, "admin", "/debug/config").await.expect("admin");
     assert_eq!(status, 200, "with --admin-debug: {body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serves_its_hosts_and_no_internal_service_name() {
+    let net = Net::new(134);
+    let _web = net.backend(1, &[]).await;
+    let _secret = net.backend(2, &[("MESSAGE", "internal only")]).await;
+    net.service("web", &[1]);
+    net.service("secret", &[2]);
+    let _cp = net.control_plane().await;
+    let _gw = net
+        .sidecar(
+            10,
+            &[
+                "--mode",
+                "gateway",
+                "--route",
+                &format!("web.example=web.{NS}"),
+            ],
+        )
+        .await;
+    let gw = net.addr(10, 15001);
+    wait_http(net.addr(10, 15000), "/ready").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = get(gw, "web.example", "/").await.expect("answer");
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never routed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every name of the internal Service, from outside: 404, nothing reached.
+    for host in [
+        "secret".to_string(),
+        format!("secret.{NS}"),
+        format!("secret.{NS}.svc.cluster.local"),
+        format!("secret.{NS}.svc.cluster.local:80"),
+    ] {
+        let (status, _, body) = get(gw, &host, "/").await.expect("answer");
+        assert_eq!(
+            (status, body.as_str()),
+            (
+                404,
+                format!("minimesh: no route for host {host}\n").as_str()
+            )
+        );
+    }
+}

@@ -26,6 +26,10 @@ pub struct HostAliases {
     pub aliases: Vec<(String, String)>,
     /// `service.namespace` for any other authority.
     pub fallback: Option<String>,
+    /// Only these hosts (the gateway): the mesh's own Service names are not
+    /// routed, so that a Host naming an internal Service reaches none from
+    /// outside (404) unless an alias or the fallback says so.
+    pub only: bool,
 }
 
 /// The raw resources last accepted, and what to keep across rebuilds: the
@@ -403,6 +407,18 @@ fn host_map(
     let mut hosts = HostMap::default();
     let mut default_of = HashMap::new();
     for r in routes.values() {
+        if aliases.only {
+            // Only the default port's cluster, for the aliases to name.
+            if let Some(&c) = r
+                .ports
+                .iter()
+                .find(|pc| pc.port == r.default_port)
+                .and_then(|pc| index.get(pc.cluster.as_str()))
+            {
+                default_of.insert(format!("{}.{}", r.service, r.namespace), c);
+            }
+            continue;
+        }
         let mut names = vec![
             format!("{}.{}", r.service, r.namespace),
             format!("{}.{}.svc", r.service, r.namespace),
