@@ -265,12 +265,90 @@ async fn call(
         .await
         .map_err(|_| fail("context deadline exceeded".into()))?
         .map_err(fail)?;
-    let response = out["response"].clone();
-    if response["uid"] != uid.as_str() {
+    verify(&out, &uid).map_err(|e| format!("received invalid webhook response: {e}"))
+}
+
+/// The checks the API server makes of an AdmissionReview answer
+/// (`VerifyAdmissionResponse`), with its messages: the group, version and
+/// kind it was asked in, the request's uid, and a patch only with
+/// `patchType: JSONPatch`. The `response`, or what is wrong.
+fn verify(review: &Value, uid: &str) -> Result<Value, String> {
+    let (api_version, kind) = (
+        review["apiVersion"].as_str().unwrap_or(""),
+        review["kind"].as_str().unwrap_or(""),
+    );
+    if api_version != "admission.k8s.io/v1" || kind != "AdmissionReview" {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        return Err(format!(
+            "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got {}, Kind={kind}",
+            if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }
+        ));
+    }
+    let response = &review["response"];
+    if !response.is_object() {
+        return Err("webhook response was absent".into());
+    }
+    if response["uid"] != uid {
         return Err(format!(
             "expected response.uid=\"{uid}\", got \"{}\"",
             response["uid"].as_str().unwrap_or("")
         ));
     }
-    Ok(response)
+    match (response["patch"].as_str(), response["patchType"].as_str()) {
+        (Some(p), None) if !p.is_empty() => {
+            return Err("webhook returned response.patch but not response.patchType".into())
+        }
+        (_, Some(t)) if t != "JSONPatch" => {
+            return Err(format!(
+                "webhook returned invalid response.patchType of \"{t}\""
+            ))
+        }
+        _ => {}
+    }
+    Ok(response.clone())
+}
+
+#[test]
+fn an_answer_is_checked_as_the_api_server_checks_it() {
+    let ok = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": "u-1", "allowed": true, "patchType": "JSONPatch", "patch": "W10="}});
+    assert_eq!(
+        verify(&ok, "u-1").map(|r| r["allowed"].clone()),
+        Ok(json!(true))
+    );
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut r = ok.clone();
+        f(&mut r);
+        verify(&r, "u-1").unwrap_err()
+    };
+    assert_eq!(
+        with(&|r| r["apiVersion"] = "admission.k8s.io/v1beta1".into()),
+        "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got admission.k8s.io/v1beta1, Kind=AdmissionReview"
+    );
+    assert_eq!(
+        with(&|r| r["kind"] = "Status".into()),
+        "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got admission.k8s.io/v1, Kind=Status"
+    );
+    assert_eq!(
+        with(&|r| r["response"]["uid"] = "u-2".into()),
+        "expected response.uid=\"u-1\", got \"u-2\""
+    );
+    assert_eq!(
+        with(&|r| r["response"]
+            .as_object_mut()
+            .map(|o| o.remove("patchType"))
+            .map(drop)
+            .unwrap_or_default()),
+        "webhook returned response.patch but not response.patchType"
+    );
+    assert_eq!(
+        with(&|r| r["response"]["patchType"] = "MergePatch".into()),
+        "webhook returned invalid response.patchType of \"MergePatch\""
+    );
+    assert_eq!(
+        with(&|r| {
+            r.as_object_mut().map(|o| o.remove("response"));
+        }),
+        "webhook response was absent"
+    );
 }
