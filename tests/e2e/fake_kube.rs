@@ -159,6 +159,9 @@ pub struct FakeKube {
     /// narrowest RBAC): a list or watch of a namespaced kind across all
     /// namespaces is forbidden, with the real server's message.
     namespaced_roles: Arc<std::sync::atomic::AtomicBool>,
+    /// The longest a watch stays open, in ms (0: its `timeoutSeconds`),
+    /// so that a test sees clients watch again in seconds, not minutes.
+    watch_cap_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Whose a token is: (namespace, service account, audiences).
@@ -198,6 +201,7 @@ impl FakeKube {
             requests: Arc::default(),
             tokens: Arc::default(),
             namespaced_roles: Arc::default(),
+            watch_cap_ms: Arc::default(),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -289,6 +293,14 @@ impl FakeKube {
     pub fn namespaced_roles(&self) {
         self.namespaced_roles
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// From now on, every watch ends after `cap` at most (its own
+    /// `timeoutSeconds` if sooner), as the real server ends a watch at its
+    /// timeout: the client must watch again from the last resourceVersion.
+    pub fn cap_watches(&self, cap: Duration) {
+        self.watch_cap_ms
+            .store(cap.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// From now on, answers every `n`-th request `429 Too Many Requests`
@@ -700,6 +712,16 @@ impl FakeKube {
                 let bookmarks = query
                     .get("allowWatchBookmarks")
                     .is_some_and(|b| b == "true");
+                // The real server ends a watch at its `timeoutSeconds`.
+                let cap = self.watch_cap_ms.load(std::sync::atomic::Ordering::Relaxed);
+                let ends = query
+                    .get("timeoutSeconds")
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .map(|s| s * 1000)
+                    .into_iter()
+                    .chain((cap > 0).then_some(cap))
+                    .min()
+                    .map(Duration::from_millis);
                 self.watch(
                     Watch {
                         c,
@@ -711,6 +733,7 @@ impl FakeKube {
                     },
                     from,
                     plural,
+                    ends,
                 )
             }
             (Method::GET, None, _) => {
@@ -938,8 +961,25 @@ impl FakeKube {
         }
     }
 
-    fn watch(&self, mut w: Watch, from: u64, plural: &str) -> Response<Body> {
+    fn watch(
+        &self,
+        mut w: Watch,
+        from: u64,
+        plural: &str,
+        ends: Option<Duration>,
+    ) -> Response<Body> {
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        if let Some(after) = ends {
+            // Dropping the watch's sender ends its stream: the response ends.
+            let (inner, ending) = (self.inner.clone(), tx.downgrade());
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if let Some(tx) = ending.upgrade() {
+                    let mut inner = inner.lock().expect("lock");
+                    inner.watches.retain(|w| !w.tx.same_channel(&tx));
+                }
+            });
+        }
         w.tx = tx;
         let mut inner = self.inner.lock().expect("lock");
         inner.log.push(match &w.namespace {

@@ -565,3 +565,35 @@ async fn a_service_scaled_to_zero_has_no_endpoints_and_no_config_error() {
     fake.apply(slice(&net, "backend", &[(3, true)]));
     wait_cp_json(&net, "/debug/endpoints", |v| count(v) == 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_that_time_out_are_watched_again_from_where_they_ended() {
+    let net = Net::new(135);
+    let fake = FakeKube::start(net.addr(250, 6443)).await;
+    // Every watch ends within a second, as the real server ends one at its
+    // timeoutSeconds (the client's 290 s, scaled down for the test).
+    fake.cap_watches(Duration::from_secs(1));
+    let _b: Vec<_> = futures_util::future::join_all((1..=2).map(|h| net.backend(h, &[]))).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true)]));
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let _sc = net.sidecar(100, &[]).await;
+    let admin = net.addr(100, 15000);
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        endpoints_of(v, "backend").len() == 1
+    })
+    .await;
+    // Watches end and are made again...
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while fake.count("WATCH endpointslices") < 3 {
+        assert!(Instant::now() < deadline, "{:#?}", fake.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...so a change still arrives, and none of them needed a new list.
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
+    wait_sidecar(admin, Duration::from_secs(10), |v| {
+        endpoints_of(v, "backend").len() == 2
+    })
+    .await;
+    assert_eq!(fake.count("LIST endpointslices"), 1, "{:#?}", fake.log());
+}
