@@ -21,7 +21,7 @@ mod identity;
 pub mod pod_network;
 mod ready;
 pub use ready::wait_converged;
-use ready::*;
+use ready::{wait_endpoints, wait_http};
 
 mod captured;
 mod gateway;

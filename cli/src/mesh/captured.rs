@@ -4,7 +4,13 @@
 //! `0.0.0.0:8080`, no proxy settings) and its sidecar in the group the
 //! rules exclude.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use anyhow::{anyhow, bail, Context};
+use tokio::process::Command;
+
+use super::{binary, identity, pod_network, CaptureState, Mesh, Pod, APP_PORT, OUTBOUND_PORT};
 
 impl Mesh {
     /// Makes each pod's namespace and starts its processes.

@@ -2,7 +2,16 @@
 //! exits (and starting it again after `--restart-after`), signals, and
 //! stopping them all.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use tokio::process::{Child, Command};
+
+use super::{last_line, send_signal, Mesh, Process, PARENT_PID_ENV};
+use crate::http;
 
 /// How long [`Mesh::stop`] waits after SIGTERM before SIGKILL: a sidecar's
 /// default drain (`--drain`, 5 s) and a second to exit.

@@ -1,7 +1,12 @@
 //! Readiness: waiting for a process's HTTP port, for every proxy to ACK
 //! the control plane's current config, and for the endpoints it published.
 
-use super::*;
+use std::time::Duration;
+
+use anyhow::bail;
+
+use super::{Mesh, MeshState};
+use crate::http;
 
 pub(super) async fn wait_http(
     addr: &str,

@@ -4,7 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::*;
+use super::{
+    is_zero_duration, parse_duration, parse_retry_on, validate_hash, FieldError, Outlier, Policy,
+    ResolvedHealthCheck, SimpleLb, TrafficPolicy, DEFAULT_OUTLIER, DEFAULT_RETRY,
+    DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BUDGET_MIN_PER_SECOND, DEFAULT_RETRY_BUDGET_PERCENT,
+    MAX_WEIGHT,
+};
 
 /// How a cluster's sidecars dial its endpoints: Istio's
 /// `trafficPolicy.tls.mode`, of which minimesh originates the mesh's own.

@@ -6,7 +6,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::resolve;
-use super::*;
+
+use super::{
+    ConsistentHash, LoadBalancer, Policy, PortSelector, Resolved, RuleSpec, TrafficPolicy,
+    DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_RING_SIZE, MAX_MAGLEV_TABLE_SIZE, MAX_PORT_LEVEL_SETTINGS,
+    MAX_RING_SIZE,
+};
 
 /// A field-level validation failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
