@@ -22,7 +22,8 @@ use tracing::{debug, info};
 use crate::balance::xxhash::xxh64;
 use crate::endpoint::{ActiveGuard, EndpointState};
 use crate::h1::{encode, Outgoing};
-use crate::routing::{ClusterHandle, HashPolicy, Routing};
+use crate::routing::routes::{Action as RouteAction, Matched, RequestView, RouteEntry};
+use crate::routing::{ClusterHandle, HashPolicy, Routing, Target};
 use minimesh_proto::headers;
 
 mod admission;
@@ -154,7 +155,7 @@ impl Proxy {
     #[allow(clippy::result_large_err)]
     fn route(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         peer: SocketAddr,
         dst: Option<SocketAddr>,
     ) -> Result<Routed, Response<ResponseBody>> {
@@ -169,43 +170,147 @@ impl Proxy {
         // A guard, not a clone of the table's Arc: no shared counter to bump
         // per request; dropped once the cluster is cloned out.
         let routing = self.routing.load();
-        let authority = request_authority(&req);
-        let by_dst = dst.and_then(|d| routing.destination(&d)).map(|(c, _)| c);
-        let Some(cluster) = by_dst
-            .or_else(|| authority.as_ref().and_then(|a| routing.lookup(a.as_str())))
-            .or(routing.fallback.as_ref())
-        else {
-            if !self.ready.load(Ordering::Relaxed) {
-                return Err(unprocessed(local(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "no config from the control plane yet",
-                )));
+        let mut authority = request_authority(&req);
+        let target = routing.target(dst.as_ref(), authority.as_ref().map(Authority::as_str));
+        let (cluster, route) = match target {
+            Some(Target::Cluster(c)) => (c.clone(), None),
+            Some(Target::Routes(table)) => {
+                let found = {
+                    let view = RequestView {
+                        method: req.method(),
+                        path: req.uri().path(),
+                        query: req.uri().query(),
+                        headers: req.headers(),
+                    };
+                    table.find(&view).map(|(r, m)| (r.clone(), m))
+                };
+                let Some((entry, matched)) = found else {
+                    let host = authority.as_ref().map_or("", Authority::as_str);
+                    let reason = format!("no route of host {host} matches the request");
+                    return Err(local(StatusCode::NOT_FOUND, &reason));
+                };
+                let (c, d) = routed_to(&routing, &entry, matched, &mut req, &mut authority)?;
+                (c, Some((entry, d)))
             }
-            let reason = match authority {
-                Some(a) => format!("no route for host {}", a.as_str()),
-                None => "request names no host".to_string(),
-            };
-            return Err(local(StatusCode::NOT_FOUND, &reason));
+            None => {
+                if !self.ready.load(Ordering::Relaxed) {
+                    return Err(unprocessed(local(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no config from the control plane yet",
+                    )));
+                }
+                let reason = match authority {
+                    Some(a) => format!("no route for host {}", a.as_str()),
+                    None => "request names no host".to_string(),
+                };
+                return Err(local(StatusCode::NOT_FOUND, &reason));
+            }
         };
-        let cluster = cluster.clone();
         drop(routing);
         let (hash, set_cookie) = match &cluster.hash {
             Some(policy) => hash_key(policy, &req, peer, self.trust_forwarded_for),
             None => (None, None),
         };
+        let retries = match route.as_ref().and_then(|(r, _)| r.retry.as_ref()) {
+            Some(r) => r.attempts,
+            None => cluster.retry_attempts,
+        };
         // Prepared here, while hyper waits: see `Prepared::encode_h1`.
-        let req = Prepared::new(&cluster, req, authority, start);
+        let req = Prepared::new(&cluster, retries, req, authority, start);
         Ok(Routed {
             cluster,
             req,
             hash,
             set_cookie,
             start,
+            route,
             // An edge without debug headers would strip the endpoint's
             // name again: it is not added.
             named: self.edge.is_none_or(|e| e.debug_headers),
         })
     }
+}
+
+/// The cluster a request that met `entry` goes to, with the route's
+/// changes made to it (headers, path, authority); Err is the answer when
+/// the route answers it itself (a redirect, a fixed status, an injected
+/// abort) or its destination is not in the config.
+#[allow(clippy::result_large_err)]
+fn routed_to(
+    routing: &Routing,
+    entry: &Arc<RouteEntry>,
+    matched: Matched,
+    req: &mut Request<Incoming>,
+    authority: &mut Option<Authority>,
+) -> Result<(Arc<ClusterHandle>, usize), Response<ResponseBody>> {
+    match &entry.action {
+        RouteAction::Forward(_) => {}
+        RouteAction::Redirect(r) => {
+            let scheme = req.uri().scheme_str().unwrap_or("http");
+            let host = authority.as_ref().map_or("", Authority::as_str);
+            let (status, location) =
+                r.location(scheme, host, req.uri().path(), req.uri().query(), matched);
+            let mut answer = Response::new(Either::Right(Full::new(Bytes::new())));
+            *answer.status_mut() = status;
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                answer.headers_mut().insert(header::LOCATION, v);
+            }
+            return Err(answer);
+        }
+        RouteAction::Direct(status) => {
+            let mut answer = Response::new(Either::Right(Full::new(Bytes::new())));
+            *answer.status_mut() = *status;
+            return Err(answer);
+        }
+    }
+    if let Some(abort) = entry
+        .fault
+        .and_then(|f| f.abort(crate::balance::rng::next()))
+    {
+        return Err(local(abort, "fault filter abort"));
+    }
+    let Some((d, dest)) = entry.pick(crate::balance::rng::next()) else {
+        let reason = format!("route {} has no destination with weight", entry.name);
+        return Err(local(StatusCode::SERVICE_UNAVAILABLE, &reason));
+    };
+    let Some(cluster) = dest.cluster.and_then(|i| routing.handle(i)) else {
+        let reason = format!(
+            "route {}: its destination is not in the mesh's config",
+            entry.name
+        );
+        return Err(local(StatusCode::SERVICE_UNAVAILABLE, &reason));
+    };
+    entry.request_headers.apply(req.headers_mut());
+    dest.request_headers.apply(req.headers_mut());
+    if let Some(rw) = &entry.rewrite {
+        if let Some(path) = rw.path(req.uri().path(), matched) {
+            let pq = match req.uri().query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path,
+            };
+            let mut parts = req.uri().clone().into_parts();
+            if let Ok(pq) = pq.parse() {
+                parts.path_and_query = Some(pq);
+                if let Ok(uri) = http::Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+            }
+        }
+        if let Some(a) = &rw.authority {
+            req.headers_mut().insert(header::HOST, a.clone());
+            if req.uri().authority().is_some() {
+                let mut parts = req.uri().clone().into_parts();
+                if let Ok(na) = http::uri::Authority::try_from(a.as_bytes()) {
+                    parts.authority = Some(na);
+                    if let Ok(uri) = http::Uri::from_parts(parts) {
+                        *req.uri_mut() = uri;
+                    }
+                }
+            }
+            *authority = Some(Authority::Host(a.clone()));
+        }
+    }
+    Ok((cluster.clone(), d))
 }
 
 /// A request routed to its cluster, for [`forward`].
@@ -220,6 +325,9 @@ struct Routed {
     start: tokio::time::Instant,
     /// The response names the endpoint that answered ([`ENDPOINT_HEADER`]).
     named: bool,
+    /// The route it took, where its Service port has routes, and the
+    /// index of the destination it picked.
+    route: Option<(Arc<RouteEntry>, usize)>,
 }
 
 /// The answer to a request: `routed`'s, forwarded to its cluster (each
@@ -239,10 +347,31 @@ fn forward(
         let hash = routed.hash;
         let start = routed.start;
         let named = routed.named;
-        let deadline = cluster.timeout.map(|t| start + t);
+        let route = routed.route.as_ref().map(|(r, _)| &**r);
+        let timeout = match route.and_then(|r| r.timeout) {
+            Some(t) => t,
+            None => cluster.timeout,
+        };
+        let deadline = timeout.map(|t| start + t);
+        let route_retry = route.and_then(|r| r.retry.as_ref());
+        let per_try_timeout = route_retry
+            .and_then(|r| r.per_try_timeout)
+            .or(cluster.per_try_timeout);
+        let retry_on = route_retry
+            .and_then(|r| r.retry_on.as_ref())
+            .unwrap_or(&cluster.retry_on);
         let timed_out = || local(StatusCode::GATEWAY_TIMEOUT, "request timeout");
         let mut answer = 'answer: {
             let req = &mut routed.req;
+            if let Some(d) = route.and_then(|r| r.fault?.delay(crate::balance::rng::next())) {
+                match deadline {
+                    Some(end) if end <= tokio::time::Instant::now() + d => {
+                        Box::pin(tokio::time::sleep_until(end)).await;
+                        break 'answer timed_out();
+                    }
+                    _ => Box::pin(tokio::time::sleep(d)).await,
+                }
+            }
             if req.body_unread() {
                 let read = match deadline {
                     None => Ok(req.read_body().await),
@@ -295,7 +424,7 @@ fn forward(
                 let guard = ep.start();
                 // The send future is built where it is awaited: held in a local
                 // first, it would be copied once more.
-                let sent = match attempt_ends(cluster.per_try_timeout, deadline) {
+                let sent = match attempt_ends(per_try_timeout, deadline) {
                     None => send(&ep, &cluster.pool, up, &mut || tries.admit_resend(cluster)).await,
                     Some((end, whole)) => {
                         let resend = &mut || tries.admit_resend(cluster);
@@ -331,7 +460,7 @@ fn forward(
                     left: attempt + 1 < req.attempts && req.body.resendable(),
                     idempotent: req.idempotent,
                 };
-                let (outcome, action) = sent.decide(req.h2, at, &cluster.retry_on);
+                let (outcome, action) = sent.decide(req.h2, at, retry_on);
                 let sent = match (sent, action) {
                     (Sent::Answered(resp), Action::Stop) => {
                         let held = (guard, inflight.take());
@@ -354,6 +483,14 @@ fn forward(
         };
         if let Some(cookie) = routed.set_cookie {
             answer.headers_mut().append(header::SET_COOKIE, cookie);
+        }
+        if let Some((r, d)) = &routed.route {
+            r.response_headers.apply(answer.headers_mut());
+            if let RouteAction::Forward(dests) = &r.action {
+                if let Some(dest) = dests.get(*d) {
+                    dest.response_headers.apply(answer.headers_mut());
+                }
+            }
         }
         Ok(answer_to(edge, answer))
     }

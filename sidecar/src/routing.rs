@@ -19,9 +19,19 @@ use crate::pool::PoolSettings;
 
 mod build;
 mod host_map;
+pub mod routes;
 use build::DestinationMap;
-pub use build::{validate_cluster, validate_endpoints, HostAliases, Resources};
+pub use build::{validate_cluster, validate_endpoints, validate_route, HostAliases, Resources};
 use host_map::HostMap;
+use routes::RouteTable;
+
+/// Where a request goes: a cluster, or a Service port's routes.
+pub enum Target<'a> {
+    /// Every request to this cluster.
+    Cluster(&'a Arc<ClusterHandle>),
+    /// The first route the request meets says.
+    Routes(&'a RouteTable),
+}
 
 /// What a consistent-hash cluster hashes on.
 #[derive(Clone, Debug)]
@@ -167,6 +177,9 @@ pub struct Routing {
     destinations: Arc<DestinationMap>,
     /// Clusters in name order, as `hosts` indexes them.
     handles: Vec<Arc<ClusterHandle>>,
+    /// The routes of a Service port, by the index of the port's cluster
+    /// (empty, or shorter than `handles`, where no port has routes).
+    tables: Arc<Vec<Option<RouteTable>>>,
     /// Clusters by name.
     pub clusters: BTreeMap<String, Arc<ClusterHandle>>,
     /// Cluster for authorities that match nothing (gateway catch-all).
@@ -188,6 +201,35 @@ impl Routing {
         found
             .and_then(|i| self.handles.get(*i as usize))
             .or(self.fallback.as_ref())
+    }
+
+    /// Where a request goes: by the Service address a captured connection
+    /// was sent to (`dst`), else by its authority, else the fallback.
+    #[inline]
+    pub fn target(&self, dst: Option<&SocketAddr>, authority: Option<&str>) -> Option<Target<'_>> {
+        let by_dst = dst.and_then(|d| self.destinations.get(d)).map(|(i, _)| *i);
+        let index = by_dst.or_else(|| {
+            let a = authority?;
+            let a = a.strip_suffix('.').unwrap_or(a);
+            if a.bytes().any(|b| b.is_ascii_uppercase()) {
+                self.hosts.get(&a.to_ascii_lowercase()).copied()
+            } else {
+                self.hosts.get(a).copied()
+            }
+        });
+        let Some(i) = index else {
+            return self.fallback.as_ref().map(Target::Cluster);
+        };
+        if let Some(Some(t)) = self.tables.get(i as usize) {
+            return Some(Target::Routes(t));
+        }
+        self.handles.get(i as usize).map(Target::Cluster)
+    }
+
+    /// The cluster at `index` (as routes name them).
+    #[inline]
+    pub fn handle(&self, index: u32) -> Option<&Arc<ClusterHandle>> {
+        self.handles.get(index as usize)
     }
 
     /// The cluster of a Service address a captured connection was sent to

@@ -191,6 +191,7 @@ impl Prepared {
     /// request without one is ready without a future (most are).
     pub(crate) fn new(
         cluster: &ClusterHandle,
+        retries: u32,
         req: Request<Incoming>,
         authority: Option<Authority>,
         start: tokio::time::Instant,
@@ -234,7 +235,7 @@ impl Prepared {
         // over HTTP/2 while it is short, so those requests may be retried
         // too (see `crate::h2::Recording`).
         let attempts = if streaming.is_none() || h2 {
-            1 + cluster.retry_attempts
+            1 + retries
         } else {
             1
         };

@@ -14,6 +14,7 @@ use minimesh_proto::v1::{
 };
 
 use super::host_map::HostMap;
+use super::routes::RouteTable;
 use super::{Balancer, ClusterHandle, HashPolicy, PickHistogram, Routing};
 use crate::balance::Policy;
 use crate::endpoint::EndpointState;
@@ -52,6 +53,7 @@ pub struct Resources {
     /// The last build's host map and fallback (indexes in name order).
     built_hosts: Arc<HostMap>,
     built_destinations: Arc<DestinationMap>,
+    built_tables: Arc<Vec<Option<RouteTable>>>,
     built_fallback: Option<u32>,
     inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
     retries_inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
@@ -98,6 +100,15 @@ pub fn validate_cluster(c: &Cluster) -> Result<(), String> {
                 crate::balance::ring_hash::MAX_RING
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks a route: each of its ports' HTTP routes compiles.
+pub fn validate_route(r: &Route) -> Result<(), String> {
+    for pc in &r.ports {
+        RouteTable::compile(&pc.http_routes, &|_| Some(0))
+            .map_err(|e| format!("port {}: {e}", pc.port))?;
     }
     Ok(())
 }
@@ -370,6 +381,7 @@ impl Resources {
             let (hosts, fallback) = host_map(&self.routes, &clusters, node, aliases);
             self.built_hosts = Arc::new(hosts);
             self.built_destinations = Arc::new(destination_map(&self.routes, &clusters));
+            self.built_tables = Arc::new(route_tables(&self.routes, &clusters));
             self.built_fallback = fallback;
             self.routes_changed = false;
         }
@@ -383,6 +395,7 @@ impl Resources {
         Routing {
             hosts: self.built_hosts.clone(),
             destinations: self.built_destinations.clone(),
+            tables: self.built_tables.clone(),
             handles,
             clusters,
             fallback,
@@ -455,6 +468,37 @@ fn host_map(
         .as_ref()
         .and_then(|s| default_of.get(s).copied());
     (hosts, fallback)
+}
+
+/// Every port's HTTP routes, compiled, at the index of the port's cluster.
+fn route_tables(
+    routes: &BTreeMap<String, Route>,
+    clusters: &BTreeMap<String, Arc<ClusterHandle>>,
+) -> Vec<Option<RouteTable>> {
+    if routes
+        .values()
+        .all(|r| r.ports.iter().all(|p| p.http_routes.is_empty()))
+    {
+        return Vec::new();
+    }
+    let index: HashMap<&str, u32> = clusters
+        .keys()
+        .enumerate()
+        .map(|(i, name)| (name.as_str(), i as u32))
+        .collect();
+    let mut tables: Vec<Option<RouteTable>> = (0..clusters.len()).map(|_| None).collect();
+    for r in routes.values() {
+        for pc in r.ports.iter().filter(|p| !p.http_routes.is_empty()) {
+            let Some(&i) = index.get(pc.cluster.as_str()) else {
+                continue;
+            };
+            // Validated on receipt (validate_route): compiles.
+            if let Ok(t) = RouteTable::compile(&pc.http_routes, &|c| index.get(c).copied()) {
+                tables[i as usize] = Some(t);
+            }
+        }
+    }
+    tables
 }
 
 /// Service addresses to cluster indexes (in name order) and port protocols.

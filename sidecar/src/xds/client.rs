@@ -22,7 +22,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
 
 use crate::balance::rng;
-use crate::routing::{validate_cluster, validate_endpoints, HostAliases, Resources, Routing};
+use crate::routing::{
+    validate_cluster, validate_endpoints, validate_route, HostAliases, Resources, Routing,
+};
 
 /// First reconnect delay; doubles up to [`MAX_BACKOFF`], each delay jittered
 /// to between half and all of it so that sidecars do not reconnect in step.
@@ -246,6 +248,17 @@ fn apply(t: &str, resp: &DiscoveryResponse, res: &mut Resources) -> Result<(), S
         }
         ROUTE_TYPE => {
             let items: Vec<Route> = decode_all(resp)?;
+            let errors: Vec<String> = items
+                .iter()
+                .filter_map(|r| {
+                    validate_route(r)
+                        .err()
+                        .map(|e| format!("route {}.{}: {e}", r.service, r.namespace))
+                })
+                .collect();
+            if !errors.is_empty() {
+                return Err(errors.join("; "));
+            }
             res.set_routes(items);
         }
         _ => return Err(format!("unknown type {t}")),
