@@ -110,7 +110,12 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
             }),
             (Ok(Object::VirtualService(v)), Some(key)) => out.push(Validated {
                 key,
-                policy: format!("{}.{}", v.service.0, v.service.1),
+                policy: v
+                    .services
+                    .iter()
+                    .map(|s| format!("{}.{}", s.0, s.1))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 port_policies: vec![],
                 raw: doc.raw,
                 warnings: vec![],
@@ -135,24 +140,36 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
     Ok(out)
 }
 
-/// What a VirtualService's route sets, as `minimesh apply` prints it.
+/// What a VirtualService's routes do, as `minimesh apply` prints it: one
+/// route's timeout and retries, or how many routes.
 fn route_summary(
     v: &minimesh_control_plane::config::virtual_service::ValidVirtualService,
 ) -> String {
+    use minimesh_control_plane::config::route::RouteAction;
     let mut parts = Vec::new();
-    if let Some(p) = v.port {
-        parts.push(format!("port {p}"));
-    }
-    if let Some(t) = v.timeout {
-        parts.push(format!("timeout {t:?}"));
-    }
-    if let Some(r) = &v.retries {
-        if let Some(a) = r.attempts {
-            parts.push(format!("{a} retries"));
+    match v.routes.as_slice() {
+        [r] if v.services.iter().any(|s| r.is_plain(s)) => {
+            if let RouteAction::Forward(b) = &r.action {
+                if let Some(p) = b[0].port {
+                    parts.push(format!("port {p}"));
+                }
+            }
+            if let Some(t) = r.timeout {
+                parts.push(format!("timeout {t:?}"));
+            }
+            if let Some(x) = &r.retries {
+                if let Some(a) = x.attempts {
+                    parts.push(format!("{a} retries"));
+                }
+                if let Some(t) = x.per_try_timeout {
+                    parts.push(format!("per try {t:?}"));
+                }
+            }
         }
-        if let Some(t) = r.per_try_timeout {
-            parts.push(format!("per try {t:?}"));
-        }
+        routes => parts.push(match routes.len() {
+            1 => "1 route".to_string(),
+            n => format!("{n} routes"),
+        }),
     }
     match parts.is_empty() {
         true => String::new(),
@@ -276,16 +293,13 @@ mod tests {
             v[0].describe(),
             "routes simple-backend.istioinaction: timeout 500ms, 2 retries"
         );
-        let refused = text.replace(
-            "    timeout: 0.5s\n",
-            "    fault: {delay: {fixedDelay: 1s}}\n",
-        );
+        let refused = text.replace("    timeout: 0.5s\n", "    mirror: {host: simple-web}\n");
         let Err(e) = validate_text(Path::new("vs.yaml"), &refused, "istioinaction") else {
             panic!("refused");
         };
         assert_eq!(
             e.to_string(),
-            "vs.yaml: VirtualService istioinaction/simple-backend-vs: spec.http[0].fault: injecting faults is not implemented yet; this VirtualService is not applied"
+            "vs.yaml: VirtualService istioinaction/simple-backend-vs: spec.http[0].mirror: mirroring is not implemented yet; this VirtualService is not applied"
         );
     }
 }

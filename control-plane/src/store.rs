@@ -123,18 +123,18 @@ impl Store {
             Object::VirtualService(v) => {
                 // One per Service, as Istio merges none for sidecars: the
                 // first read applies, the others are refused saying so.
-                let other = self
-                    .virtual_services
-                    .iter()
-                    .find(|(k, (o, _))| o.service == v.service && *k != &key);
+                let other = self.virtual_services.iter().find_map(|(k, (o, _))| {
+                    let shared = v.services.iter().find(|s| o.services.contains(s))?;
+                    (*k != key).then_some((k, shared))
+                });
                 match other {
-                    Some((first, _)) => self.errors.push(ConfigError {
+                    Some((first, shared)) => self.errors.push(ConfigError {
                         file: origin.clone(),
                         object: Some(key.to_string()),
                         field: Some("spec.hosts".into()),
                         reason: format!(
                             "service {}.{} already has VirtualService {}/{}; only one applies, this one is not applied",
-                            v.service.0, v.service.1, first.namespace, first.name
+                            shared.0, shared.1, first.namespace, first.name
                         ),
                     }),
                     None => {

@@ -87,6 +87,8 @@ pub struct ValidRule {
     pub resolved: Resolved,
     /// Fields accepted without effect yet.
     pub warnings: Vec<String>,
+    /// Its subsets.
+    pub subsets: Vec<rule::Subset>,
 }
 
 /// A valid object of one of the kinds minimesh reads.
@@ -350,10 +352,12 @@ fn parse_value(
         "DestinationRule" | ISTIO_RULE_KIND => typed::<DestinationRule>(value).and_then(|r| {
             let (resolved, warnings) =
                 rule::validate(&r.spec).map_err(|e| (Some(e.field), e.reason))?;
+            let subsets = rule::subsets(&r.spec.subsets).map_err(|e| (Some(e.field), e.reason))?;
             Ok(Object::Rule(Arc::new(ValidRule {
                 rule: r,
                 resolved,
                 warnings,
+                subsets,
             })))
         }),
         "Service" => typed::<Service>(value).map(|s| Object::Service(Arc::new(s))),

@@ -100,7 +100,7 @@ pub struct RuleSpec {
     /// Policies for traffic to the host.
     #[serde(default)]
     pub traffic_policy: Option<TrafficPolicy>,
-    /// Istio subsets: accepted, not yet used for routing (reported as a warning).
+    /// Istio subsets: named groups of endpoints by pod labels, for routes.
     #[serde(default)]
     #[schemars(schema_with = "any_objects")]
     pub subsets: Vec<serde_json::Value>,
@@ -428,11 +428,13 @@ pub use minimesh_proto::Policy;
 
 mod load_balancer;
 mod resolve;
+mod subsets;
 mod validate;
 
 pub use load_balancer::*;
 
 pub use resolve::{Resolved, TlsMode};
+pub use subsets::{subsets, Subset};
 pub use validate::*;
 
 #[cfg(test)]
@@ -618,7 +620,6 @@ subsets:
         assert_eq!(
             fields,
             [
-                "spec.subsets",
                 "spec.workloadSelector",
                 "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures",
                 "spec.trafficPolicy.connectionPool.tcp.idleTimeout",

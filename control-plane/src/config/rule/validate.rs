@@ -53,9 +53,6 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             "wildcard hosts are not supported; name one service",
         ));
     }
-    if !spec.subsets.is_empty() {
-        warnings.push("spec.subsets: accepted but not used for routing yet".to_string());
-    }
     if spec.export_to.iter().any(|e| e != "*") {
         warnings.push(format!(
             "spec.exportTo: {:?} is accepted but not enforced; the rule applies to callers in every namespace",
