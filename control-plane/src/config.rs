@@ -5,6 +5,7 @@
 pub mod crd;
 pub mod kube;
 pub mod parse;
+pub mod route;
 pub mod rule;
 pub mod security;
 pub mod virtual_service;

@@ -13,10 +13,12 @@ use serde::Serialize;
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
 use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
-use crate::config::virtual_service::ValidVirtualService;
 use crate::store::Store;
 
+mod routes;
 mod security;
+
+pub use routes::subset_cluster_name;
 
 /// Everything sidecars are sent, by resource name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,8 +59,11 @@ pub fn export_to(value: &str, namespace: &str) -> Option<Arc<[String]>> {
 }
 
 /// The service (`service.namespace`) a resource is about, from its name:
-/// `svc.ns.svc.cluster.local:port`, `svc.ns.svc:port`, `svc.ns:port`, `svc.ns`.
+/// `svc.ns.svc.cluster.local:port`, `svc.ns.svc:port`, `svc.ns:port`, `svc.ns`,
+/// and a subset's cluster, `svc.ns.svc.cluster.local:port|subset`.
 pub fn service_of(resource: &str) -> Option<&str> {
+    // A subset's cluster: `<port's cluster>|<subset>`.
+    let resource = resource.split_once('|').map_or(resource, |(c, _)| c);
     let host = match resource.rsplit_once(':') {
         Some((h, port)) if port.parse::<u16>().is_ok() => h,
         _ => resource,
@@ -241,11 +246,6 @@ pub fn translate(
         ..Resources::default()
     };
     let meshed = security::meshed_ips(store);
-    let vs_for: BTreeMap<(String, String), &ValidVirtualService> = store
-        .virtual_services
-        .values()
-        .map(|(v, _)| (v.service.clone(), v.as_ref()))
-        .collect();
     let no_rule = rule::Resolved::default();
     for (skey, svc) in &store.services {
         if let Some(value) = svc.metadata.annotations.get(EXPORT_TO) {
@@ -331,9 +331,6 @@ pub fn translate(
             } else {
                 res.max_requests
             };
-            if let Some(vs) = vs_for.get(&(skey.name.clone(), skey.namespace.clone())) {
-                route_settings(&mut cluster, vs, port.port.into());
-            }
             match res.policy {
                 Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
                 Policy::Maglev => cluster.table_size = res.hash_table_size,
@@ -375,6 +372,9 @@ pub fn translate(
                         .unwrap_or(crate::load_aware::MEAN_WEIGHT as u32);
                 }
             }
+            if let Some((_, vr)) = rule.filter(|(_, r)| !r.subsets.is_empty()) {
+                routes::add_subset_clusters(&mut out, store, &cluster, &endpoints, &vr.subsets);
+            }
             out.endpoints.insert(
                 name.clone(),
                 ClusterLoadAssignment {
@@ -386,6 +386,7 @@ pub fn translate(
                 port: port.port.into(),
                 cluster: name.clone(),
                 protocol: port_kind(port) as i32,
+                http_routes: vec![],
             });
             out.clusters.insert(name, cluster);
         }
@@ -424,6 +425,7 @@ pub fn translate(
         out.routes
             .insert(format!("{}.{}", skey.name, skey.namespace), route);
     }
+    routes::apply_virtual_services(store, &mut out);
     for (key, warnings) in overridden {
         if let Some(s) = status.get_mut(&key) {
             s.warnings.extend(warnings);
@@ -433,31 +435,6 @@ pub fn translate(
 }
 
 /// Outlier detection on the wire.
-/// A VirtualService's route over the cluster of one of its Service's
-/// ports: its timeout and retries take the place of the DestinationRule's
-/// (Istio's precedence: there they are the VirtualService's alone); what it
-/// leaves unset stays.
-fn route_settings(cluster: &mut Cluster, vs: &ValidVirtualService, port: u32) {
-    if vs.port.is_some_and(|p| p != port) {
-        return;
-    }
-    if let Some(t) = vs.timeout {
-        cluster.timeout_ms = t.as_millis() as u64;
-    }
-    if let Some(r) = &vs.retries {
-        if let Some(a) = r.attempts {
-            cluster.retry_attempts = a;
-        }
-        if let Some(t) = r.per_try_timeout {
-            cluster.per_try_timeout_ms = t.as_millis() as u64;
-        }
-        if let Some((bits, codes)) = &r.retry_on {
-            cluster.retry_on = *bits;
-            cluster.retriable_status_codes = codes.clone();
-        }
-    }
-}
-
 fn outlier_detection(o: &rule::Outlier) -> v1::OutlierDetection {
     v1::OutlierDetection {
         consecutive_5xx: o.consecutive_5xx,

@@ -16,6 +16,7 @@
 pub mod ads;
 pub mod clusters;
 pub mod endpoints;
+pub mod http_routes;
 pub mod lrs;
 pub mod routes;
 pub mod server;

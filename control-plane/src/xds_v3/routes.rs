@@ -48,17 +48,22 @@ pub fn encode(r: &Resources, out: &mut Encoded) {
                 continue;
             };
             let names = dial_names(route, pc.port);
-            let vhost = VirtualHost {
-                name: pc.cluster.clone(),
-                domains: names.clone(),
-                routes: vec![Route {
+            let routes = if pc.http_routes.is_empty() {
+                vec![Route {
                     r#match: Some(RouteMatch {
                         path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
                         ..Default::default()
                     }),
                     action: Some(route::Action::Route(action(cluster))),
                     ..Default::default()
-                }],
+                }]
+            } else {
+                super::http_routes::encode(&pc.http_routes, cluster)
+            };
+            let vhost = VirtualHost {
+                name: pc.cluster.clone(),
+                domains: names.clone(),
+                routes,
                 ..Default::default()
             };
             outbound.virtual_hosts.push(vhost.clone());
@@ -122,7 +127,7 @@ fn listener(name: &str, route_config: &str) -> Listener {
 }
 
 /// The route to `c`: its hash policy, retries and timeouts.
-fn action(c: &v1::Cluster) -> RouteAction {
+pub(super) fn action(c: &v1::Cluster) -> RouteAction {
     RouteAction {
         cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(c.name.clone())),
         hash_policy: c
@@ -175,7 +180,7 @@ fn hash_policy_of(key: &Key) -> route_action::HashPolicy {
 /// minimesh's retry settings as Envoy's. The `retryOn` tokens are Envoy's
 /// own names; gRPC acts on those that name gRPC statuses (`unavailable`,
 /// `cancelled`) and ignores the rest (gRFC A44).
-fn retry_policy(c: &v1::Cluster) -> Option<RetryPolicy> {
+pub(super) fn retry_policy(c: &v1::Cluster) -> Option<RetryPolicy> {
     if c.retry_attempts == 0 || c.retry_on == 0 {
         return None;
     }

@@ -1,0 +1,304 @@
+//! The route model translated: a DestinationRule's subsets become clusters
+//! of their own (the Service port's cluster, its endpoints narrowed to the
+//! pods carrying the subset's labels), and each VirtualService's routes go
+//! onto the ports of the Services it routes, with every backend resolved to
+//! a cluster name. A route that only sets the timeout and retries of its
+//! own Service is sent as that cluster's settings instead, understood by
+//! every client (sidecars, Envoy, gRPC).
+
+use minimesh_proto::v1::{self, string_match::Kind, Cluster, ClusterLoadAssignment};
+
+use super::Resources;
+use crate::config::parse::ObjectKey;
+use crate::config::route::{self, HttpRoute, RouteAction};
+use crate::config::rule::Subset;
+use crate::config::virtual_service::ValidVirtualService;
+use crate::store::Store;
+
+/// The name of a subset's cluster: the port's cluster's and the subset's.
+pub fn subset_cluster_name(cluster: &str, subset: &str) -> String {
+    format!("{cluster}|{subset}")
+}
+
+/// Adds the clusters of `subsets` of the Service port whose cluster is
+/// `cluster`, with the endpoints (of `endpoints`) whose pods carry each
+/// subset's labels; returns their names.
+pub fn add_subset_clusters(
+    out: &mut Resources,
+    store: &Store,
+    cluster: &Cluster,
+    endpoints: &[v1::Endpoint],
+    subsets: &[Subset],
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for s in subsets {
+        let name = subset_cluster_name(&cluster.name, &s.name);
+        let selected = endpoints
+            .iter()
+            .filter(|e| {
+                let key = ObjectKey {
+                    kind: "Pod",
+                    namespace: cluster.namespace.clone(),
+                    name: e.pod.clone(),
+                };
+                store.pods.get(&key).is_some_and(|p| {
+                    s.labels
+                        .iter()
+                        .all(|(k, v)| p.metadata.labels.get(k) == Some(v))
+                })
+            })
+            .cloned()
+            .collect();
+        out.endpoints.insert(
+            name.clone(),
+            ClusterLoadAssignment {
+                cluster_name: name.clone(),
+                endpoints: selected,
+            },
+        );
+        out.clusters.insert(
+            name.clone(),
+            Cluster {
+                name: name.clone(),
+                ..cluster.clone()
+            },
+        );
+        names.push(name);
+    }
+    names
+}
+
+/// Puts every applied VirtualService's routes onto the ports of the
+/// Services it routes (those that exist).
+pub fn apply_virtual_services(store: &Store, out: &mut Resources) {
+    for (v, _) in store.virtual_services.values() {
+        for service in &v.services {
+            let key = format!("{}.{}", service.0, service.1);
+            let Some(mut r) = out.routes.remove(&key) else {
+                continue;
+            };
+            for pc in &mut r.ports {
+                port_routes(v, service, pc, out);
+            }
+            out.routes.insert(key, r);
+        }
+    }
+}
+
+/// The routes of `v` that apply to the port `pc` of `service`: on the
+/// port, or as its cluster's settings.
+fn port_routes(
+    v: &ValidVirtualService,
+    service: &(String, String),
+    pc: &mut v1::PortCluster,
+    out: &mut Resources,
+) {
+    let port = pc.port;
+    // A route applies to a port when one of its matches does (a match
+    // without a port applies to every port).
+    let here: Vec<HttpRoute> = v
+        .routes
+        .iter()
+        .filter_map(|r| {
+            if r.matches.is_empty() {
+                return Some(r.clone());
+            }
+            let kept: Vec<_> = r
+                .matches
+                .iter()
+                .filter(|m| m.port.is_none_or(|p| p == port))
+                .cloned()
+                .collect();
+            (!kept.is_empty()).then(|| HttpRoute {
+                matches: kept,
+                ..r.clone()
+            })
+        })
+        .collect();
+    match here.as_slice() {
+        [] => {}
+        [only] if only.is_plain(service) => {
+            let RouteAction::Forward(b) = &only.action else {
+                return;
+            };
+            if b[0].port.is_none_or(|p| p == port) {
+                if let Some(c) = out.clusters.get_mut(&pc.cluster) {
+                    cluster_settings(c, only);
+                }
+            }
+        }
+        routes => {
+            pc.http_routes = routes
+                .iter()
+                .map(|r| encode(r, service, port, out))
+                .collect();
+        }
+    }
+}
+
+/// A plain route's timeout and retries over its cluster's: they take the
+/// place of the DestinationRule's (Istio's precedence: there they are the
+/// VirtualService's alone); what it leaves unset stays.
+fn cluster_settings(cluster: &mut Cluster, r: &HttpRoute) {
+    if let Some(t) = r.timeout {
+        cluster.timeout_ms = t.as_millis() as u64;
+    }
+    if let Some(x) = &r.retries {
+        if let Some(a) = x.attempts {
+            cluster.retry_attempts = a;
+        }
+        if let Some(t) = x.per_try_timeout {
+            cluster.per_try_timeout_ms = t.as_millis() as u64;
+        }
+        if let Some((bits, codes)) = &x.retry_on {
+            cluster.retry_on = *bits;
+            cluster.retriable_status_codes = codes.clone();
+        }
+    }
+}
+
+/// The cluster a backend names: its Service's port (the one it names, the
+/// port the request came to on the same Service, or its Service's only
+/// port), and its subset's cluster when it names one. A backend that
+/// resolves to no cluster is still named (its requests get 503 at the
+/// sidecar, as Istio's "no cluster").
+fn backend_cluster(
+    b: &route::Backend,
+    service: &(String, String),
+    port: u32,
+    out: &Resources,
+) -> String {
+    let ports: Vec<u32> = out
+        .routes
+        .get(&format!("{}.{}", b.service.0, b.service.1))
+        .map(|r| r.ports.iter().map(|p| p.port).collect())
+        .unwrap_or_default();
+    let port = match b.port {
+        Some(p) => p,
+        None if b.service == *service => port,
+        None => match ports.as_slice() {
+            [only] => *only,
+            _ => ports.iter().copied().find(|p| *p == 80).unwrap_or(port),
+        },
+    };
+    let cluster = super::cluster_name(&b.service.0, &b.service.1, port as u16);
+    match &b.subset {
+        Some(s) => subset_cluster_name(&cluster, s),
+        None => cluster,
+    }
+}
+
+fn string_match(m: &route::StringMatch) -> v1::StringMatch {
+    let kind = match m {
+        route::StringMatch::Exact(s) => Kind::Exact(s.clone()),
+        route::StringMatch::Prefix(s) => Kind::Prefix(s.clone()),
+        route::StringMatch::PathPrefix(s) => Kind::PathPrefix(s.clone()),
+        route::StringMatch::Regex(s) => Kind::Regex(s.clone()),
+    };
+    v1::StringMatch { kind: Some(kind) }
+}
+
+fn header_ops(h: &route::HeaderOps) -> Option<v1::HeaderOps> {
+    let pairs = |l: &[(String, String)]| {
+        l.iter()
+            .map(|(name, value)| v1::HeaderValue {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect()
+    };
+    (!h.is_empty()).then(|| v1::HeaderOps {
+        set: pairs(&h.set),
+        add: pairs(&h.add),
+        remove: h.remove.clone(),
+    })
+}
+
+/// A route on the wire, for port `port` of `service`.
+fn encode(r: &HttpRoute, service: &(String, String), port: u32, out: &Resources) -> v1::HttpRoute {
+    let mut wire = v1::HttpRoute {
+        name: r.name.clone(),
+        matches: r
+            .matches
+            .iter()
+            .map(|m| v1::RouteMatch {
+                path: m.path.as_ref().map(string_match),
+                headers: m
+                    .headers
+                    .iter()
+                    .map(|h| v1::HeaderMatch {
+                        name: h.name.clone(),
+                        value: h.value.as_ref().map(string_match),
+                        invert: h.invert,
+                    })
+                    .collect(),
+                method: m.method.clone().unwrap_or_default(),
+                query: m
+                    .query
+                    .iter()
+                    .map(|(name, v)| v1::QueryMatch {
+                        name: name.clone(),
+                        value: v.as_ref().map(string_match),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        timeout_ms: r.timeout.map(|t| t.as_millis() as u64),
+        retry: r.retries.as_ref().map(|x| v1::RouteRetry {
+            attempts: x.attempts.unwrap_or(0),
+            per_try_timeout_ms: x.per_try_timeout.map_or(0, |t| t.as_millis() as u64),
+            retry_on: x.retry_on.as_ref().map(|(bits, _)| *bits),
+            retriable_status_codes: x
+                .retry_on
+                .as_ref()
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default(),
+        }),
+        request_headers: header_ops(&r.request_headers),
+        response_headers: header_ops(&r.response_headers),
+        rewrite: r.rewrite.as_ref().map(|rw| v1::Rewrite {
+            prefix: rw.prefix.clone().unwrap_or_default(),
+            path: rw.path.clone().unwrap_or_default(),
+            authority: rw.authority.clone().unwrap_or_default(),
+        }),
+        fault: r.fault.as_ref().map(|f| v1::Fault {
+            delay_percent: f.delay.map_or(0.0, |d| d.0),
+            delay_ms: f.delay.map_or(0, |d| d.1.as_millis() as u64),
+            abort_percent: f.abort.map_or(0.0, |a| a.0),
+            abort_status: f.abort.map_or(0, |a| u32::from(a.1)),
+        }),
+        ..Default::default()
+    };
+    // A route's retries that leave `attempts` unset keep the cluster's.
+    if let (Some(x), Some(w)) = (&r.retries, &mut wire.retry) {
+        if x.attempts.is_none() {
+            let own = super::cluster_name(&service.0, &service.1, port as u16);
+            w.attempts = out.clusters.get(&own).map_or(0, |c| c.retry_attempts);
+        }
+    }
+    match &r.action {
+        RouteAction::Forward(backends) => {
+            wire.clusters = backends
+                .iter()
+                .map(|b| v1::WeightedCluster {
+                    cluster: backend_cluster(b, service, port, out),
+                    weight: b.weight,
+                    request_headers: header_ops(&b.request_headers),
+                    response_headers: header_ops(&b.response_headers),
+                })
+                .collect();
+        }
+        RouteAction::Redirect(rd) => {
+            wire.redirect = Some(v1::Redirect {
+                scheme: rd.scheme.clone().unwrap_or_default(),
+                host: rd.host.clone().unwrap_or_default(),
+                port: rd.port.unwrap_or(0),
+                path: rd.path.clone().unwrap_or_default(),
+                prefix: rd.prefix.clone().unwrap_or_default(),
+                status: u32::from(rd.status),
+            })
+        }
+        RouteAction::Direct(s) => wire.direct_status = u32::from(*s),
+    }
+    wire
+}

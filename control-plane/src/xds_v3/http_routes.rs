@@ -1,0 +1,288 @@
+//! A Service port's HTTP routes (the route model, as sidecars get it) in
+//! Envoy's terms: one `Route` each, in order, with its match, its weighted
+//! clusters, redirect or direct response, its timeout and retry policy,
+//! header changes and rewrites. What gRPC's xDS client honours of these is
+//! gRFC A28's: path (exact, prefix, regex) and header matches, weighted
+//! clusters, and (A31, A44) the timeout and retry policy; it never matches
+//! a route with query-parameter matches. Fault injection is applied by
+//! minimesh's sidecars only: Envoy and gRPC clients get a faulted route
+//! without its fault (docs/routes.md says so).
+
+use envoy_types::pb::envoy::config::core::v3::{
+    header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption,
+};
+use envoy_types::pb::envoy::config::route::v3::{
+    header_matcher::HeaderMatchSpecifier, query_parameter_matcher::QueryParameterMatchSpecifier,
+    redirect_action, route, route_action, route_match, weighted_cluster, DirectResponseAction,
+    HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
+    RouteMatch, WeightedCluster,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
+};
+use envoy_types::pb::google::protobuf::UInt32Value;
+use minimesh_proto::v1::{self, string_match::Kind};
+
+use super::millis;
+
+/// The Envoy routes of `routes`, on a port whose own cluster is `cluster`
+/// (its settings stand where a route sets none). Envoy's routes have one
+/// match each: a route with several is several in a row, the same action.
+pub fn encode(routes: &[v1::HttpRoute], cluster: &v1::Cluster) -> Vec<Route> {
+    let mut out = Vec::new();
+    for r in routes {
+        let first = one(r, cluster);
+        if r.matches.len() <= 1 {
+            out.push(first);
+            continue;
+        }
+        for m in &r.matches {
+            out.push(Route {
+                r#match: Some(matches(Some(m))),
+                ..first.clone()
+            });
+        }
+    }
+    out
+}
+
+fn regex(r: &str) -> RegexMatcher {
+    RegexMatcher {
+        regex: r.to_string(),
+        ..Default::default()
+    }
+}
+
+/// A path prefix of whole segments as a regex (gRPC knows no
+/// `path_separated_prefix`).
+fn segments(p: &str) -> String {
+    format!("{}(/.*)?", regex_escape(p))
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn path(m: &v1::StringMatch) -> Option<route_match::PathSpecifier> {
+    use route_match::PathSpecifier as P;
+    Some(match m.kind.as_ref()? {
+        Kind::Exact(s) => P::Path(s.clone()),
+        Kind::Prefix(s) => P::Prefix(s.clone()),
+        Kind::PathPrefix(s) if s == "/" => P::Prefix("/".into()),
+        Kind::PathPrefix(s) => P::SafeRegex(regex(&segments(s))),
+        Kind::Regex(r) => P::SafeRegex(regex(r)),
+    })
+}
+
+fn header(h: &v1::HeaderMatch) -> HeaderMatcher {
+    let spec = match &h.value {
+        Some(v) if v.kind.is_some() => HeaderMatchSpecifier::StringMatch(string_matcher(v)),
+        _ => HeaderMatchSpecifier::PresentMatch(true),
+    };
+    HeaderMatcher {
+        name: h.name.clone(),
+        invert_match: h.invert,
+        header_match_specifier: Some(spec),
+        ..Default::default()
+    }
+}
+
+fn string_matcher(m: &v1::StringMatch) -> StringMatcher {
+    let pattern = match &m.kind {
+        Some(Kind::Exact(s)) => MatchPattern::Exact(s.clone()),
+        Some(Kind::Prefix(s)) | Some(Kind::PathPrefix(s)) => MatchPattern::Prefix(s.clone()),
+        Some(Kind::Regex(r)) => MatchPattern::SafeRegex(regex(r)),
+        None => MatchPattern::Prefix(String::new()),
+    };
+    StringMatcher {
+        match_pattern: Some(pattern),
+        ..Default::default()
+    }
+}
+
+fn matches(m: Option<&v1::RouteMatch>) -> RouteMatch {
+    let Some(m) = m else {
+        return RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+            ..Default::default()
+        };
+    };
+    let mut headers: Vec<HeaderMatcher> = m.headers.iter().map(header).collect();
+    if !m.method.is_empty() {
+        headers.push(HeaderMatcher {
+            name: ":method".into(),
+            header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(m.method.clone())),
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+    }
+    RouteMatch {
+        path_specifier: m
+            .path
+            .as_ref()
+            .and_then(path)
+            .or(Some(route_match::PathSpecifier::Prefix(String::new()))),
+        headers,
+        query_parameters: m
+            .query
+            .iter()
+            .map(|q| QueryParameterMatcher {
+                name: q.name.clone(),
+                query_parameter_match_specifier: Some(match &q.value {
+                    None => QueryParameterMatchSpecifier::PresentMatch(true),
+                    Some(v) => QueryParameterMatchSpecifier::StringMatch(string_matcher(v)),
+                }),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn header_options(ops: Option<&v1::HeaderOps>) -> (Vec<HeaderValueOption>, Vec<String>) {
+    let Some(ops) = ops else {
+        return (Vec::new(), Vec::new());
+    };
+    let option = |h: &v1::HeaderValue, action: HeaderAppendAction| HeaderValueOption {
+        header: Some(HeaderValue {
+            key: h.name.clone(),
+            value: h.value.clone(),
+            ..Default::default()
+        }),
+        append_action: action as i32,
+        ..Default::default()
+    };
+    let add = ops
+        .set
+        .iter()
+        .map(|h| option(h, HeaderAppendAction::OverwriteIfExistsOrAdd))
+        .chain(
+            ops.add
+                .iter()
+                .map(|h| option(h, HeaderAppendAction::AppendIfExistsOrAdd)),
+        )
+        .collect();
+    (add, ops.remove.clone())
+}
+
+fn retry_policy(r: &v1::HttpRoute, c: &v1::Cluster) -> Option<RetryPolicy> {
+    let Some(x) = &r.retry else {
+        return super::routes::retry_policy(c);
+    };
+    let own = v1::Cluster {
+        retry_attempts: x.attempts,
+        per_try_timeout_ms: match x.per_try_timeout_ms {
+            0 => c.per_try_timeout_ms,
+            ms => ms,
+        },
+        retry_on: x.retry_on.unwrap_or(c.retry_on),
+        retriable_status_codes: match x.retry_on {
+            Some(_) => x.retriable_status_codes.clone(),
+            None => c.retriable_status_codes.clone(),
+        },
+        ..Default::default()
+    };
+    super::routes::retry_policy(&own)
+}
+
+fn one(r: &v1::HttpRoute, c: &v1::Cluster) -> Route {
+    let (request_headers_to_add, request_headers_to_remove) =
+        header_options(r.request_headers.as_ref());
+    let (response_headers_to_add, response_headers_to_remove) =
+        header_options(r.response_headers.as_ref());
+    let action = if let Some(rd) = &r.redirect {
+        use redirect_action::{
+            PathRewriteSpecifier, RedirectResponseCode as Code, SchemeRewriteSpecifier,
+        };
+        route::Action::Redirect(RedirectAction {
+            host_redirect: rd.host.clone(),
+            port_redirect: rd.port,
+            response_code: match rd.status {
+                302 => Code::Found,
+                303 => Code::SeeOther,
+                307 => Code::TemporaryRedirect,
+                308 => Code::PermanentRedirect,
+                _ => Code::MovedPermanently,
+            } as i32,
+            scheme_rewrite_specifier: (!rd.scheme.is_empty())
+                .then(|| SchemeRewriteSpecifier::SchemeRedirect(rd.scheme.clone())),
+            path_rewrite_specifier: if !rd.path.is_empty() {
+                Some(PathRewriteSpecifier::PathRedirect(rd.path.clone()))
+            } else if !rd.prefix.is_empty() {
+                Some(PathRewriteSpecifier::PrefixRewrite(rd.prefix.clone()))
+            } else {
+                None
+            },
+            ..Default::default()
+        })
+    } else if r.direct_status != 0 {
+        route::Action::DirectResponse(DirectResponseAction {
+            status: r.direct_status,
+            ..Default::default()
+        })
+    } else {
+        let timeout_ms = r.timeout_ms.unwrap_or(c.timeout_ms);
+        let clusters = r
+            .clusters
+            .iter()
+            .map(|w| {
+                let (add, remove) = header_options(w.request_headers.as_ref());
+                let (radd, rremove) = header_options(w.response_headers.as_ref());
+                weighted_cluster::ClusterWeight {
+                    name: w.cluster.clone(),
+                    weight: Some(UInt32Value { value: w.weight }),
+                    request_headers_to_add: add,
+                    request_headers_to_remove: remove,
+                    response_headers_to_add: radd,
+                    response_headers_to_remove: rremove,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let rewrite = r.rewrite.as_ref();
+        route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::WeightedClusters(
+                WeightedCluster {
+                    clusters,
+                    ..Default::default()
+                },
+            )),
+            prefix_rewrite: rewrite.map(|rw| rw.prefix.clone()).unwrap_or_default(),
+            regex_rewrite: rewrite.filter(|rw| !rw.path.is_empty()).map(|rw| {
+                RegexMatchAndSubstitute {
+                    pattern: Some(regex("^.*$")),
+                    substitution: rw.path.clone(),
+                }
+            }),
+            host_rewrite_specifier: rewrite.filter(|rw| !rw.authority.is_empty()).map(|rw| {
+                route_action::HostRewriteSpecifier::HostRewriteLiteral(rw.authority.clone())
+            }),
+            retry_policy: retry_policy(r, c),
+            timeout: Some(millis(timeout_ms)),
+            max_stream_duration: (timeout_ms > 0).then(|| route_action::MaxStreamDuration {
+                max_stream_duration: Some(millis(timeout_ms)),
+                ..Default::default()
+            }),
+            hash_policy: super::routes::action(c).hash_policy,
+            ..Default::default()
+        })
+    };
+    Route {
+        name: r.name.clone(),
+        r#match: Some(matches(r.matches.first())),
+        action: Some(action),
+        request_headers_to_add,
+        request_headers_to_remove,
+        response_headers_to_add,
+        response_headers_to_remove,
+        ..Default::default()
+    }
+}
