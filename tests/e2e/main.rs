@@ -26,6 +26,7 @@ mod protocol;
 mod rapid_reset;
 mod replicas;
 mod resilience;
+mod routes;
 mod scope;
 mod timeouts;
 mod upstream_http;

@@ -1,0 +1,177 @@
+//! The route model through the real control plane and sidecar: a
+//! VirtualService's canary split between a DestinationRule's subsets
+//! (selected by pod labels), a header match, a redirect, a direct
+//! response, a rewrite, header changes and an injected abort, each as a
+//! caller sees it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::Method;
+
+use super::harness::*;
+
+/// A Pod of the fake mesh: its name (as the EndpointSlice's targetRef),
+/// address and labels.
+fn pod(name: &str, ip: std::net::Ipv4Addr, version: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: backend, version: {version}}}\nstatus:\n  podIP: \"{ip}\"\n---\n"
+    )
+}
+
+const RULE: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: backend}\nspec:\n  host: backend\n  subsets:\n  - name: v1\n    labels: {version: v1}\n  - name: v2\n    labels: {version: v2}\n";
+
+const ROUTES: &str = r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: backend}
+spec:
+  hosts: [backend]
+  http:
+  - name: old-paths
+    match: [{uri: {prefix: /old}}]
+    redirect: {uri: /new, redirectCode: 302}
+  - name: teapot
+    match: [{uri: {exact: /teapot}}]
+    directResponse: {status: 418}
+  - name: broken
+    match: [{uri: {exact: /broken}}]
+    fault: {abort: {httpStatus: 503, percentage: {value: 100}}}
+    route: [{destination: {host: backend, subset: v1}}]
+  - name: api
+    match: [{uri: {prefix: /api/}, method: {exact: GET}}]
+    rewrite: {uri: /}
+    headers: {request: {set: {x-routed: api}}}
+    route: [{destination: {host: backend, subset: v1}}]
+  - name: testers
+    match:
+    - headers: {x-canary: {exact: "yes"}}
+    route: [{destination: {host: backend, subset: v2}}]
+  - name: canary
+    route:
+    - destination: {host: backend, subset: v1}
+      weight: 90
+    - destination: {host: backend, subset: v2}
+      weight: 10
+      headers: {response: {set: {x-version: v2}}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_split_and_matches_route_as_written() {
+    let net = Net::new(136);
+    let _v1 = net.backend(1, &[]).await;
+    let _v2 = net.backend(2, &[]).await;
+    net.service("backend", &[1, 2]);
+    net.write(
+        "pods.yaml",
+        &(pod("backend-1", net.ip(1), "v1") + &pod("backend-2", net.ip(2), "v2")),
+    );
+    net.write("rule.yaml", RULE);
+    net.write("vs.yaml", ROUTES);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let subset = |s: &str| format!("backend.default.svc.cluster.local:80|{s}");
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
+        v["clusters"][subset("v1")]["endpoints"]
+            .as_array()
+            .is_some_and(|e| e.len() == 1)
+            && v["clusters"][subset("v2")]["endpoints"]
+                .as_array()
+                .is_some_and(|e| e.len() == 1)
+    })
+    .await;
+    let v1 = net.addr(1, 9090).to_string();
+    let v2 = net.addr(2, 9090).to_string();
+
+    // The split: 90/10 within 2 points over 2,000 requests; v2's answers
+    // carry the header its destination sets.
+    let mut c = Conn::open(net.addr(100, 15001)).await.expect("connect");
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..2000 {
+        let (status, headers, body) = c
+            .send(Method::GET, "backend", "/", &[], Default::default())
+            .await
+            .expect("answer");
+        assert_eq!(status, 200, "request {i}: {body}");
+        let ep = headers
+            .get("x-minimesh-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let marked = headers.get("x-version").is_some();
+        assert_eq!(marked, ep == v2, "only v2's answers are marked ({ep})");
+        *by.entry(ep).or_default() += 1;
+    }
+    let share = by.get(&v2).copied().unwrap_or(0) as f64 / 2000.0;
+    assert!((0.08..=0.12).contains(&share), "v2 took {share:.3}: {by:?}");
+    assert_eq!(by.len(), 2, "{by:?}");
+
+    // The header match: every tester's request to v2.
+    for _ in 0..50 {
+        let (status, ep) = c
+            .get_with("backend", "/", &[("x-canary", "yes")])
+            .await
+            .expect("answer");
+        assert_eq!((status, ep.as_deref()), (200, Some(v2.as_str())));
+    }
+
+    // A redirect, a direct response and an abort answered by the sidecar.
+    let (status, headers, _) = c
+        .send(
+            Method::GET,
+            "backend",
+            "/old/page?q=1",
+            &[],
+            Default::default(),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 302);
+    assert_eq!(
+        headers.get("location").and_then(|v| v.to_str().ok()),
+        Some("http://backend/new?q=1")
+    );
+    let (status, _, _) = c
+        .send(Method::GET, "backend", "/teapot", &[], Default::default())
+        .await
+        .expect("answer");
+    assert_eq!(status, 418);
+    let (status, _, body) = c
+        .send(Method::GET, "backend", "/broken", &[], Default::default())
+        .await
+        .expect("answer");
+    assert_eq!((status, body.trim()), (503, "minimesh: fault filter abort"));
+
+    // The rewrite and the request header: fake-service echoes the path.
+    let (status, ep, body) = {
+        let (s, h, b) = c
+            .send(
+                Method::GET,
+                "backend",
+                "/api/users",
+                &[],
+                Default::default(),
+            )
+            .await
+            .expect("answer");
+        let ep = h
+            .get("x-minimesh-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (s, ep, b)
+    };
+    assert_eq!((status, ep.as_deref()), (200, Some(v1.as_str())), "{body}");
+    let echoed: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(echoed["uri"], "/users", "{body}");
+    // A POST to /api/ meets no match of `api`: it takes the split.
+    let (status, _, _) = c
+        .send(
+            Method::POST,
+            "backend",
+            "/api/users",
+            &[],
+            Default::default(),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200);
+}
