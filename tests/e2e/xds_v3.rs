@@ -106,9 +106,15 @@ async fn backends(net: &Net, hosts: &[(u8, u64)]) -> Vec<Proc> {
 
 /// Runs the proxyless client to completion; its stdout.
 async fn client(net: &Net, args: &[&str]) -> String {
+    client_with(net, &[], args).await
+}
+
+/// The same, with more environment.
+async fn client_with(net: &Net, env: &[(&str, &str)], args: &[&str]) -> String {
     crate::grpc_interop::grpcio().await;
     let mut cmd = Command::new("python3");
-    cmd.arg(interop("xds_client.py"))
+    cmd.envs(env.iter().copied())
+        .arg(interop("xds_client.py"))
         .arg(args[0])
         .arg(net.cp_xds().to_string())
         .arg(format!("client-{}", net.ip(200)))
@@ -566,4 +572,52 @@ async fn a_nacked_cluster_shows_in_get_proxies_and_the_client_keeps_its_config()
         .map(|(_, r)| r)
         .collect();
     assert_eq!(after.len(), 3, "{after:?}");
+}
+
+/// The echo pods' labels, for a DestinationRule's subsets.
+fn pods_yaml(net: &Net, versions: &[(u8, &str)]) -> String {
+    versions
+        .iter()
+        .map(|(h, v)| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: echo-{h}\n  namespace: {NS}\n  labels: {{app: echo, version: {v}}}\nstatus:\n  podIP: \"{}\"\n---\n",
+                net.ip(*h)
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_follows_a_virtual_services_split_and_header_match() {
+    let net = Net::new(137);
+    let _b = backends(&net, &[(1, 0), (2, 0)]).await;
+    net.write("echo.yaml", &echo_yaml(&net, &[1, 2]));
+    net.write("pods.yaml", &pods_yaml(&net, &[(1, "v1"), (2, "v2")]));
+    net.write(
+        "rule.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: echo}\nspec:\n  host: echo\n  subsets:\n  - {name: v1, labels: {version: v1}}\n  - {name: v2, labels: {version: v2}}\n",
+    );
+    net.write(
+        "vs.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: echo}\nspec:\n  hosts: [echo]\n  http:\n  - match: [{headers: {x-canary: {exact: \"yes\"}}}]\n    route: [{destination: {host: echo, subset: v2}}]\n  - route:\n    - {destination: {host: echo, subset: v1}, weight: 90}\n    - {destination: {host: echo, subset: v2}, weight: 10}\n",
+    );
+    let _cp = net.control_plane().await;
+    wait_cp_json(&net, "/debug/endpoints", |v| {
+        v[format!("{CLUSTER}|v2")]["endpoints"]
+            .as_array()
+            .is_some_and(|e| e.len() == 1)
+    })
+    .await;
+    // The split, as gRPC's weighted_clusters picks: each count binomial,
+    // 10% ± 3 points over 2,000 calls is 4.5 standard deviations.
+    let two = [("EXPECT_BACKENDS", "2")];
+    let got = json_counts(&client_with(&net, &two, &["spread", "2000"]).await);
+    eprintln!("90/10 split, 2,000 calls: {got:?}");
+    assert_eq!(got.values().sum::<u64>(), 2000, "{got:?}");
+    let v2 = got.get("echo-2").copied().unwrap_or(0) as f64 / 2000.0;
+    assert!((0.07..=0.13).contains(&v2), "v2 took {v2:.3}: {got:?}");
+    // The header match: every call to v2.
+    let one = [("EXPECT_BACKENDS", "1")];
+    let got = json_counts(&client_with(&net, &one, &["spread", "200", "x-canary", "yes"]).await);
+    assert_eq!(got.get("echo-2"), Some(&200), "{got:?}");
 }

@@ -8,7 +8,9 @@ The bootstrap is examples/grpc/xds-bootstrap.json with its server_uri set to
 XDS (and the node id to NODE), so the example is what the test runs.
 
 Usage:
-  xds_client.py spread XDS NODE TARGET N          N calls of Who, one at a time
+  xds_client.py spread XDS NODE TARGET N [HDR VALUE]
+                                                  N calls of Who, one at a time
+                                                  (with header HDR = VALUE)
   xds_client.py hash XDS NODE TARGET N KEYS HDR   N calls, header HDR = k0..k(KEYS-1)
   xds_client.py flow XDS NODE TARGET RATE SECS [HDR VALUE]
                                                   RATE calls/s for SECS seconds
@@ -77,14 +79,15 @@ def main():
     mode, xds, node, target, rest = args[0], args[1], args[2], args[3], args[4:]
     grpc, who = channel(xds, node, target)
     if mode == "spread":
+        metadata = ((rest[1], rest[2]),) if len(rest) >= 3 else None
         seen = set()
         for _ in range(100):
-            seen.add(call(grpc, who))
+            seen.add(call(grpc, who, metadata))
             if len(seen) >= int(os.environ.get("EXPECT_BACKENDS", "3")):
                 break
         counts = {}
         for _ in range(int(rest[0])):
-            r = call(grpc, who)
+            r = call(grpc, who, metadata)
             counts[r] = counts.get(r, 0) + 1
         out(json.dumps(counts, sort_keys=True))
     elif mode == "hash":

@@ -286,3 +286,115 @@ fn one(r: &v1::HttpRoute, c: &v1::Cluster) -> Route {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::encode;
+    use envoy_types::pb::envoy::config::route::v3::{
+        header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
+        route_match::PathSpecifier,
+    };
+    use minimesh_proto::v1::{self, string_match::Kind};
+
+    fn sm(kind: Kind) -> Option<v1::StringMatch> {
+        Some(v1::StringMatch { kind: Some(kind) })
+    }
+
+    #[test]
+    fn a_split_and_a_header_match_are_envoys_weighted_clusters_and_header_matcher() {
+        let cluster = v1::Cluster {
+            name: "web.default.svc.cluster.local:80".into(),
+            timeout_ms: 3000,
+            ..Default::default()
+        };
+        let routes = [
+            v1::HttpRoute {
+                name: "VirtualService/default/web/testers".into(),
+                matches: vec![
+                    v1::RouteMatch {
+                        headers: vec![v1::HeaderMatch {
+                            name: "x-canary".into(),
+                            value: sm(Kind::Exact("yes".into())),
+                            invert: false,
+                        }],
+                        ..Default::default()
+                    },
+                    v1::RouteMatch {
+                        path: sm(Kind::PathPrefix("/beta".into())),
+                        ..Default::default()
+                    },
+                ],
+                clusters: vec![v1::WeightedCluster {
+                    cluster: "web.default.svc.cluster.local:80|v2".into(),
+                    weight: 100,
+                    ..Default::default()
+                }],
+                timeout_ms: Some(500),
+                ..Default::default()
+            },
+            v1::HttpRoute {
+                clusters: vec![
+                    v1::WeightedCluster {
+                        cluster: "web.default.svc.cluster.local:80|v1".into(),
+                        weight: 90,
+                        ..Default::default()
+                    },
+                    v1::WeightedCluster {
+                        cluster: "web.default.svc.cluster.local:80|v2".into(),
+                        weight: 10,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            },
+        ];
+        let out = encode(&routes, &cluster);
+        // Two matches: two routes in a row, then the split.
+        assert_eq!(out.len(), 3);
+        let m = out[0].r#match.as_ref().unwrap();
+        assert!(matches!(
+            &m.headers[0].header_match_specifier,
+            Some(HeaderMatchSpecifier::StringMatch(_))
+        ));
+        let m = out[1].r#match.as_ref().unwrap();
+        let Some(PathSpecifier::SafeRegex(r)) = &m.path_specifier else {
+            panic!("{m:?}")
+        };
+        assert_eq!(r.regex, "/beta(/.*)?");
+        let weights = |r: &envoy_types::pb::envoy::config::route::v3::Route| {
+            let Some(route::Action::Route(a)) = &r.action else {
+                panic!("forwards")
+            };
+            let Some(ClusterSpecifier::WeightedClusters(w)) = &a.cluster_specifier else {
+                panic!("weighted")
+            };
+            let t = a
+                .timeout
+                .as_ref()
+                .map(|d| d.seconds * 1000 + i64::from(d.nanos) / 1_000_000);
+            let w: Vec<(String, u32)> = w
+                .clusters
+                .iter()
+                .map(|c| (c.name.clone(), c.weight.as_ref().map_or(0, |x| x.value)))
+                .collect();
+            (w, t)
+        };
+        assert_eq!(
+            weights(&out[0]),
+            (
+                vec![("web.default.svc.cluster.local:80|v2".into(), 100)],
+                Some(500)
+            )
+        );
+        assert_eq!(
+            weights(&out[2]),
+            (
+                vec![
+                    ("web.default.svc.cluster.local:80|v1".into(), 90),
+                    ("web.default.svc.cluster.local:80|v2".into(), 10)
+                ],
+                Some(3000)
+            )
+        );
+    }
+}

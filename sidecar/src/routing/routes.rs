@@ -841,4 +841,45 @@ mod tests {
             (301, "http://other.example:8080/p")
         );
     }
+
+    #[test]
+    fn header_changes_set_then_add_then_remove() {
+        let ops = super::HeaderOps::compile(
+            Some(&v1::HeaderOps {
+                set: vec![v1::HeaderValue {
+                    name: "x-version".into(),
+                    value: "v2".into(),
+                }],
+                add: vec![v1::HeaderValue {
+                    name: "x-tag".into(),
+                    value: "b".into(),
+                }],
+                remove: vec!["x-secret".into()],
+            }),
+            "request_headers",
+        )
+        .unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-version", "v1".parse().unwrap());
+        h.insert("x-tag", "a".parse().unwrap());
+        h.insert("x-secret", "s".parse().unwrap());
+        ops.apply(&mut h);
+        assert_eq!(h.get_all("x-version").iter().count(), 1);
+        assert_eq!(h["x-version"], "v2");
+        let tags: Vec<_> = h.get_all("x-tag").iter().collect();
+        assert_eq!(tags, ["a", "b"]);
+        assert!(!h.contains_key("x-secret"));
+        let e = super::HeaderOps::compile(
+            Some(&v1::HeaderOps {
+                set: vec![v1::HeaderValue {
+                    name: "bad name".into(),
+                    value: "v".into(),
+                }],
+                ..Default::default()
+            }),
+            "request_headers",
+        )
+        .unwrap_err();
+        assert_eq!(e, "request_headers.set: \"bad name\" is not a header name");
+    }
 }
