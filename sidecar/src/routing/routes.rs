@@ -20,6 +20,9 @@ use crate::retry::Conditions;
 /// other input.
 pub const MAX_ROUTES: usize = 1024;
 const MAX_PARTS: usize = 64;
+/// Up to this many header names, a request's headers are scanned for the
+/// one a match names rather than looked up (see `Match::find`).
+const FEW_HEADERS: usize = 8;
 /// The compiled size a route's regular expression may take.
 const REGEX_SIZE_LIMIT: usize = 1 << 16;
 
@@ -27,6 +30,25 @@ const REGEX_SIZE_LIMIT: usize = 1 << 16;
 #[derive(Debug)]
 pub struct RouteTable {
     routes: Box<[Arc<RouteEntry>]>,
+    /// Every match of every route, in order, by what its path must start
+    /// with: walked first, in one contiguous array, so that a request is
+    /// turned away from most routes by one comparison, without reaching
+    /// the route itself.
+    gates: Box<[Gate]>,
+}
+
+/// One match of one route, as the first look at a request sees it.
+#[derive(Debug)]
+struct Gate {
+    /// The route's index in `routes`.
+    route: u32,
+    /// The match's index in the route's matches; `u32::MAX` for a route
+    /// with none (every request).
+    index: u32,
+    /// What the path starts with (empty: anything).
+    lit: Box<str>,
+    /// The path is `lit` exactly.
+    exact: bool,
 }
 
 /// One route, compiled.
@@ -141,7 +163,96 @@ enum StrMatch {
     Prefix(Box<str>),
     /// Whole path segments; stored without a trailing `/` (except `/`).
     PathPrefix(Box<str>),
-    Regex(regex::Regex),
+    /// The regex, and a literal every match starts with (checked first:
+    /// most values a route does not take fail there, for a fraction of
+    /// the regex's own cost).
+    Regex(Regex, Box<str>),
+}
+
+/// The literal text every match of `pattern` (RE2 syntax) starts with:
+/// its leading characters up to the first that is not a plain literal,
+/// less a last one a quantifier applies to; nothing for a pattern with an
+/// alternation or flags anywhere (conservative: a shorter prefix only
+/// costs the regex a call).
+fn literal_prefix(pattern: &str) -> &str {
+    if pattern.contains('|') || pattern.starts_with("(?") {
+        return "";
+    }
+    let meta = |c: char| "\\.+*?()[]{}^$".contains(c);
+    let end = pattern.find(meta).unwrap_or(pattern.len());
+    let lit = &pattern[..end];
+    match pattern[end..].chars().next() {
+        // The last literal character may occur zero times.
+        Some('?' | '*' | '{') => match lit.char_indices().last() {
+            Some((i, _)) => &lit[..i],
+            None => "",
+        },
+        _ => lit,
+    }
+}
+
+/// A route's regular expression, matched against a whole value: a dense
+/// DFA where one fits in [`DFA_SIZE_LIMIT`] (a match walks the value's
+/// bytes through a table, no cache to take), else the regex crate's lazy
+/// DFA.
+#[derive(Debug)]
+enum Regex {
+    Dense(regex_automata::dfa::dense::DFA<Vec<u32>>),
+    Lazy(regex::Regex),
+}
+
+/// The most memory one route regex's dense DFA may take.
+const DFA_SIZE_LIMIT: usize = 1 << 18;
+
+impl Regex {
+    fn new(pattern: &str) -> Result<Regex, String> {
+        use regex_automata::dfa::dense;
+        let whole = format!("^(?:{pattern})$");
+        // The lazy one first: its errors are the ones users know, and it
+        // bounds what the dense one is built from.
+        let lazy = regex::RegexBuilder::new(&whole)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let dense = dense::Builder::new()
+            .configure(
+                dense::DFA::config()
+                    .dfa_size_limit(Some(DFA_SIZE_LIMIT))
+                    .determinize_size_limit(Some(DFA_SIZE_LIMIT))
+                    .start_kind(regex_automata::dfa::StartKind::Anchored),
+            )
+            .build(&whole);
+        Ok(match dense {
+            Ok(d) => Regex::Dense(d),
+            Err(_) => Regex::Lazy(lazy),
+        })
+    }
+
+    #[inline]
+    fn is_match(&self, s: &str) -> bool {
+        use regex_automata::dfa::Automaton;
+        match self {
+            Regex::Dense(d) => {
+                let input = regex_automata::Input::new(s)
+                    .anchored(regex_automata::Anchored::Yes)
+                    .earliest(true);
+                matches!(d.try_search_fwd(&input), Ok(Some(_)))
+            }
+            Regex::Lazy(r) => r.is_match(s),
+        }
+    }
+}
+
+/// `s` starts with `p`. Paths share their first byte (`/`): the last byte
+/// of `p` is compared first, which rejects most other paths without a
+/// call to `memcmp`.
+#[inline]
+fn starts_with(s: &str, p: &str) -> bool {
+    let (s, p) = (s.as_bytes(), p.as_bytes());
+    match p.len() {
+        0 => true,
+        n => s.len() >= n && s[n - 1] == p[n - 1] && s[..n] == *p,
+    }
 }
 
 /// What the path match of the route a request took matched: the part a
@@ -168,10 +279,8 @@ impl StrMatch {
                 StrMatch::PathPrefix(s.into())
             }
             Some(Kind::Regex(r)) => StrMatch::Regex(
-                regex::RegexBuilder::new(&format!("^(?:{r})$"))
-                    .size_limit(REGEX_SIZE_LIMIT)
-                    .build()
-                    .map_err(|e| format!("{field}: regex {r:?}: {e}"))?,
+                Regex::new(r).map_err(|e| format!("{field}: regex {r:?}: {e}"))?,
+                literal_prefix(r).into(),
             ),
         })
     }
@@ -180,16 +289,22 @@ impl StrMatch {
     #[inline]
     fn find(&self, s: &str) -> Option<Matched> {
         match self {
-            StrMatch::Exact(e) => (s == &**e).then_some(Matched::Whole),
-            StrMatch::Prefix(p) => s.starts_with(&**p).then_some(Matched::Prefix(p.len())),
-            StrMatch::PathPrefix(p) => {
-                if &**p == "/" {
-                    return Some(Matched::Prefix(1));
-                }
-                let rest = s.strip_prefix(&**p)?;
-                (rest.is_empty() || rest.starts_with('/')).then_some(Matched::Prefix(p.len()))
+            StrMatch::Exact(e) => {
+                (s.len() == e.len() && starts_with(s, e)).then_some(Matched::Whole)
             }
-            StrMatch::Regex(r) => r.is_match(s).then_some(Matched::Whole),
+            StrMatch::Prefix(p) => starts_with(s, p).then_some(Matched::Prefix(p.len())),
+            StrMatch::PathPrefix(p) => {
+                if !starts_with(s, p) {
+                    return None;
+                }
+                // `/` is kept as is (it matches every path); any other
+                // prefix ends at a segment's end.
+                let whole = p.len() == 1 || matches!(s.as_bytes().get(p.len()), None | Some(b'/'));
+                whole.then_some(Matched::Prefix(p.len()))
+            }
+            StrMatch::Regex(r, lit) => {
+                (starts_with(s, lit) && r.is_match(s)).then_some(Matched::Whole)
+            }
         }
     }
 }
@@ -256,13 +371,16 @@ impl Match {
             None => Matched::Prefix(0),
         };
         for (name, value, invert) in self.headers.iter() {
-            let found = match value {
-                None => req.headers.contains_key(name),
-                Some(v) => req
-                    .headers
-                    .get_all(name)
-                    .iter()
-                    .any(|h| h.to_str().is_ok_and(|s| v.find(s).is_some())),
+            let meets = |h: &HeaderValue| match value {
+                None => true,
+                Some(v) => h.to_str().is_ok_and(|s| v.find(s).is_some()),
+            };
+            // Most requests carry a few headers: comparing each name (by
+            // length first) costs less than hashing the one looked for.
+            let found = if req.headers.keys_len() <= FEW_HEADERS {
+                req.headers.iter().any(|(k, h)| k == name && meets(h))
+            } else {
+                req.headers.get_all(name).iter().any(meets)
             };
             if found == *invert {
                 return None;
@@ -315,15 +433,60 @@ impl RouteTable {
                     .map_err(|e| format!("route {i} ({}): {e}", r.name))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut gates = Vec::new();
+        for (i, r) in routes.iter().enumerate() {
+            if r.matches.is_empty() {
+                gates.push(Gate {
+                    route: i as u32,
+                    index: u32::MAX,
+                    lit: "".into(),
+                    exact: false,
+                });
+            }
+            for (j, m) in r.matches.iter().enumerate() {
+                let (lit, exact) = match &m.path {
+                    None => ("", false),
+                    Some(StrMatch::Exact(e)) => (&**e, true),
+                    Some(StrMatch::Prefix(p)) | Some(StrMatch::PathPrefix(p)) => (&**p, false),
+                    Some(StrMatch::Regex(_, lit)) => (&**lit, false),
+                };
+                gates.push(Gate {
+                    route: i as u32,
+                    index: j as u32,
+                    lit: lit.into(),
+                    exact,
+                });
+            }
+        }
         Ok(RouteTable {
             routes: routes.into(),
+            gates: gates.into(),
         })
     }
 
     /// The first route `req` meets, and what its path match matched.
     #[inline]
     pub fn find(&self, req: &RequestView<'_>) -> Option<(&Arc<RouteEntry>, Matched)> {
-        self.routes.iter().find_map(|r| r.find(req).map(|m| (r, m)))
+        let path = req.path;
+        for g in self.gates.iter() {
+            let open = if g.exact {
+                path.len() == g.lit.len() && starts_with(path, &g.lit)
+            } else {
+                starts_with(path, &g.lit)
+            };
+            if !open {
+                continue;
+            }
+            let route = &self.routes[g.route as usize];
+            let found = match route.matches.get(g.index as usize) {
+                None => Some(Matched::Prefix(0)),
+                Some(m) => m.find(req),
+            };
+            if let Some(matched) = found {
+                return Some((route, matched));
+            }
+        }
+        None
     }
 
     /// How many routes.
@@ -432,14 +595,6 @@ impl RouteEntry {
             rewrite,
             fault,
         })
-    }
-
-    #[inline]
-    fn find(&self, req: &RequestView<'_>) -> Option<Matched> {
-        if self.matches.is_empty() {
-            return Some(Matched::Prefix(0));
-        }
-        self.matches.iter().find_map(|m| m.find(req))
     }
 
     /// The destination a request goes to, picked by weight with `draw`
@@ -840,6 +995,20 @@ mod tests {
             (s.as_u16(), loc.as_str()),
             (301, "http://other.example:8080/p")
         );
+    }
+
+    #[test]
+    fn a_regexs_literal_prefix_is_what_every_match_starts_with() {
+        use super::literal_prefix;
+        assert_eq!(literal_prefix("/reports/[0-9]+"), "/reports/");
+        assert_eq!(literal_prefix("/reports?"), "/report");
+        assert_eq!(literal_prefix("/a*b"), "/");
+        assert_eq!(literal_prefix("/a{0,3}"), "/");
+        assert_eq!(literal_prefix("/a|/b"), "");
+        assert_eq!(literal_prefix("(?i)/a"), "");
+        assert_eq!(literal_prefix(".*"), "");
+        assert_eq!(literal_prefix("/v1\\.0"), "/v1");
+        assert_eq!(literal_prefix("/exact"), "/exact");
     }
 
     #[test]
