@@ -197,7 +197,7 @@ fn literal_prefix(pattern: &str) -> &str {
 /// DFA.
 #[derive(Debug)]
 enum Regex {
-    Dense(regex_automata::dfa::dense::DFA<Vec<u32>>),
+    Dense(Box<regex_automata::dfa::dense::DFA<Vec<u32>>>),
     Lazy(regex::Regex),
 }
 
@@ -223,7 +223,7 @@ impl Regex {
             )
             .build(&whole);
         Ok(match dense {
-            Ok(d) => Regex::Dense(d),
+            Ok(d) => Regex::Dense(Box::new(d)),
             Err(_) => Regex::Lazy(lazy),
         })
     }
