@@ -11,7 +11,9 @@
 //! valgrind, `apt-get install valgrind`). The callgrind files are kept, for
 //! `callgrind_annotate`. `MINIMESH_BENCH_SIDECAR=PATH` measures another
 //! build's sidecar binary against the same backend and control plane (an
-//! A/B: run it once per build).
+//! A/B: run it once per build). `MINIMESH_BENCH_ROUTES=1` gives the echo
+//! Service a VirtualService of 10 routes whose first every request matches
+//! (the cost of the route table on the request path).
 
 #[allow(dead_code)]
 #[path = "../tests/e2e/harness.rs"]
@@ -85,6 +87,16 @@ async fn main() {
         "svc-echo.yaml",
         &service_yaml("echo", &[(net.ip(1), "echo-0".into())]),
     );
+    if std::env::var_os("MINIMESH_BENCH_ROUTES").is_some() {
+        let mut vs = String::from("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: echo}\nspec:\n  hosts: [echo]\n  http:\n  - match: [{uri: {prefix: /}}]\n    route: [{destination: {host: echo}}]\n");
+        for i in 1..10 {
+            vs.push_str(&format!(
+                "  - match: [{{uri: {{prefix: /r{i}}}}}]\n    route: [{{destination: {{host: echo}}}}]\n"
+            ));
+        }
+        net.write("vs-echo.yaml", &vs);
+        println!("routes: a VirtualService of 10 routes; every request matches the first");
+    }
     let _cp = net.control_plane().await;
     let keep = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("instructions");
     std::fs::create_dir_all(&keep).expect("output directory");

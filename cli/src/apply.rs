@@ -46,6 +46,7 @@ impl Validated {
         match self.key.kind {
             "PeerAuthentication" => "peerauthentication",
             "VirtualService" => "virtualservice",
+            "Gateway" => "gateway",
             _ => "destinationrule",
         }
     }
@@ -58,6 +59,9 @@ impl Validated {
         }
         if self.key.kind == "VirtualService" {
             return format!("routes {}{}", self.policy, self.route);
+        }
+        if self.key.kind == "Gateway" {
+            return format!("serves {}", self.policy);
         }
         let mut s = self.policy.to_string();
         for (port, policy) in &self.port_policies {
@@ -108,12 +112,30 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 warnings: vec![],
                 route: String::new(),
             }),
+            (Ok(Object::Gateway(g)), Some(key)) => out.push(Validated {
+                key,
+                policy: g
+                    .binds
+                    .iter()
+                    .map(|(port, h)| format!("{}:{port}", h.host))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+                route: String::new(),
+            }),
             (Ok(Object::VirtualService(v)), Some(key)) => out.push(Validated {
                 key,
                 policy: v
                     .services
                     .iter()
                     .map(|s| format!("{}.{}", s.0, s.1))
+                    .chain(v.gateway_hosts.iter().map(|h| {
+                        let gws: Vec<String> =
+                            v.gateways.iter().map(|g| format!("{}/{}", g.0, g.1)).collect();
+                        format!("{h} at {}", gws.join(", "))
+                    }))
                     .collect::<Vec<_>>()
                     .join(", "),
                 port_policies: vec![],
@@ -122,7 +144,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 route: route_summary(&v),
             }),
             (Ok(_), Some(key)) => errors.push(format!(
-                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
+                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices, Gateways and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
                 path.display()
             )),
             (Ok(_), None) => {}
@@ -133,7 +155,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
     }
     if out.is_empty() {
         bail!(
-            "{}: no DestinationRule, VirtualService or PeerAuthentication in the file",
+            "{}: no DestinationRule, VirtualService, Gateway or PeerAuthentication in the file",
             path.display()
         );
     }
@@ -243,9 +265,11 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
     let (list, field) = match key.kind {
         // In force once the control plane lists it (every proxy's ACK of it
         // is `wait_converged`'s to wait for).
-        "PeerAuthentication" => ("peerAuthentications", "mode"),
-        "VirtualService" => ("virtualServices", "service"),
-        _ => ("rules", "policy"),
+        "PeerAuthentication" => ("peerAuthentications", Some("mode")),
+        // Listed: applied (what it routes is `describe`'s).
+        "VirtualService" => ("virtualServices", None),
+        "Gateway" => ("gateways", None),
+        _ => ("rules", Some("policy")),
     };
     let admin = state.control_plane_admin.to_string();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -257,7 +281,7 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
                 .find(|r| {
                     r["namespace"] == key.namespace.as_str()
                         && r["name"] == key.name.as_str()
-                        && r[field] == policy
+                        && field.is_none_or(|f| r[f] == policy)
                 })
                 .cloned()
         });

@@ -505,6 +505,7 @@ fn plan_pods(
                         port,
                         zone: d.zone.clone(),
                         annotations: d.annotations.clone(),
+                        labels: d.labels.clone(),
                     },
                     d.env.clone(),
                 ));

@@ -158,6 +158,12 @@ pub struct Deployment {
     /// them on Kubernetes (docs/capture.md).
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Its pods' labels besides `app` (the service's name), e.g.
+    /// `version: v1`: what a DestinationRule's subsets select
+    /// (docs/routes.md). Written into the pods' Pod objects (with mutual
+    /// TLS, the default).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn local_zone() -> String {

@@ -37,6 +37,8 @@ pub struct ConfigView {
     pub peer_authentications: Vec<Value>,
     /// VirtualServices applied, with what their routes set.
     pub virtual_services: Vec<Value>,
+    /// Istio's Gateways read, with the hosts they bind.
+    pub gateways: Vec<Value>,
     /// Rejected input.
     pub errors: Vec<ConfigError>,
     /// Caveats.
@@ -162,7 +164,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

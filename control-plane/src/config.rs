@@ -3,6 +3,7 @@
 //! object, the field path and the reason.
 
 pub mod crd;
+pub mod gateway;
 pub mod kube;
 pub mod parse;
 pub mod route;

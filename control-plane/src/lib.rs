@@ -512,6 +512,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             .iter()
             .map(|(k, (v, _))| config::virtual_service::view(&k.namespace, &k.name, v))
             .collect(),
+        gateways: store
+            .gateways
+            .iter()
+            .map(|(k, g)| config::gateway::view(&k.namespace, &k.name, g))
+            .collect(),
         errors: store.errors.clone(),
         warnings: store.warnings.clone(),
         synced: true,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config::gateway::ValidGateway;
 use crate::config::kube::{EndpointSlice, Service};
 use crate::config::parse::{ObjectKey, ValidRule};
 use crate::config::security::{PeerAuthentication, Pod};
@@ -28,8 +29,10 @@ pub struct Store {
     pub peer_auth: BTreeMap<ObjectKey, (Arc<PeerAuthentication>, MtlsMode)>,
     /// Pods (whether each runs a sidecar).
     pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
-    /// VirtualServices applied (one per Service).
+    /// VirtualServices applied (one per Service, one per Gateway host).
     pub virtual_services: BTreeMap<ObjectKey, (Arc<ValidVirtualService>, Origin)>,
+    /// Istio's Gateways.
+    pub gateways: BTreeMap<ObjectKey, Arc<ValidGateway>>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
@@ -124,23 +127,36 @@ impl Store {
                 // One per Service, as Istio merges none for sidecars: the
                 // first read applies, the others are refused saying so.
                 let other = self.virtual_services.iter().find_map(|(k, (o, _))| {
-                    let shared = v.services.iter().find(|s| o.services.contains(s))?;
-                    (*k != key).then_some((k, shared))
+                    if *k == key {
+                        return None;
+                    }
+                    if let Some(s) = v.services.iter().find(|s| o.services.contains(s)) {
+                        return Some((k, format!("service {}.{}", s.0, s.1)));
+                    }
+                    let g = v.gateways.iter().find(|g| o.gateways.contains(g))?;
+                    let h = v
+                        .gateway_hosts
+                        .iter()
+                        .find(|h| o.gateway_hosts.contains(h))?;
+                    Some((k, format!("host {h} of Gateway {}/{}", g.0, g.1)))
                 });
                 match other {
-                    Some((first, shared)) => self.errors.push(ConfigError {
+                    Some((first, what)) => self.errors.push(ConfigError {
                         file: origin.clone(),
                         object: Some(key.to_string()),
                         field: Some("spec.hosts".into()),
                         reason: format!(
-                            "service {}.{} already has VirtualService {}/{}; only one applies, this one is not applied",
-                            shared.0, shared.1, first.namespace, first.name
+                            "{what} already has VirtualService {}/{}; only one applies, this one is not applied",
+                            first.namespace, first.name
                         ),
                     }),
                     None => {
                         self.virtual_services.insert(key, (v, origin.clone()));
                     }
                 }
+            }
+            Object::Gateway(g) => {
+                self.gateways.insert(key, g);
             }
         }
     }

@@ -272,6 +272,7 @@ pub fn translate(
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
+            ..Default::default()
         };
         let tcp_ports: Vec<_> = svc
             .spec
@@ -426,6 +427,7 @@ pub fn translate(
             .insert(format!("{}.{}", skey.name, skey.namespace), route);
     }
     routes::apply_virtual_services(store, &mut out);
+    routes::apply_gateways(store, &mut out);
     for (key, warnings) in overridden {
         if let Some(s) = status.get_mut(&key) {
             s.warnings.extend(warnings);

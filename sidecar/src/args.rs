@@ -122,6 +122,13 @@ pub struct Args {
     /// without reaching it.
     #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
     pub routes: Vec<(String, String)>,
+    /// The gateway's labels, `KEY=VALUE` (repeatable): Istio Gateways whose
+    /// `selector` they match (every label of the selector, with its value)
+    /// are the ones this gateway serves, with the VirtualServices bound to
+    /// them. Istio's ingress gateway is `istio=ingressgateway`. Gateway
+    /// mode only.
+    #[arg(long = "labels", env = "MINIMESH_LABELS", value_delimiter = ',', value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
     /// Service (`SERVICE.NAMESPACE`) for requests whose host matches nothing.
     #[arg(long, env = "MINIMESH_DEFAULT_ROUTE")]
     pub default_route: Option<String>,
@@ -192,6 +199,13 @@ fn parse_app_protocol(s: &str) -> Result<minimesh_proto::v1::UpstreamProtocol, S
 
 fn app_probes(s: &str) -> Result<app_probe::AppProbes, String> {
     app_probe::AppProbes::parse(s)
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 fn parse_alias(s: &str) -> Result<(String, String), String> {

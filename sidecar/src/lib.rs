@@ -297,6 +297,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             fallback: args.default_route.clone(),
             // The ingress serves the hosts it is given, no internal name.
             only: args.mode == "gateway",
+            labels: args.labels.clone(),
         },
         routing,
         ready,

@@ -359,6 +359,7 @@ mod tests {
             aliases: vec![("Web.Example".into(), "web.default".into())],
             fallback: None,
             only: true,
+            labels: vec![],
         };
         let r = res.build(&node(), &gateway, &defaults(60));
         let to = |host: &str| r.lookup(host).map(|c| c.name.to_string());

@@ -196,6 +196,40 @@ async fn seed_walkthrough_up_curl_apply_get() {
         "top's p50s {p50s:?} are not within 5% of the generator's {measured:.1} ms:\n{text}"
     );
 
+    // The chapter's Gateway and VirtualService, applied: the ingress
+    // serves the host by their route; then the canary's subsets.
+    let apply = |file: &str| {
+        let out = Command::new(bin("minimesh"))
+            .args([
+                "--home",
+                &home,
+                "apply",
+                "-f",
+                &path_str(&repo().join(file)),
+            ])
+            .output()
+            .expect("apply");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = apply("examples/routes/simple-web-gateway.yaml");
+    assert_eq!(
+        text.trim(),
+        "gateway istioinaction/simple-web-gateway applied: serves simple-web.istioinaction.io:80\nvirtualservice istioinaction/simple-web-vs-for-gateway applied: routes simple-web.istioinaction.io at istioinaction/simple-web-gateway: 1 route",
+    );
+    let text = apply("examples/routes/simple-backend-canary.yaml");
+    assert!(text.contains("virtualservice istioinaction/simple-backend-vs applied: routes simple-backend.istioinaction: 2 routes"), "{text}");
+    for _ in 0..30 {
+        let (status, _, body) = get(ingress, "simple-web.istioinaction.io", "/")
+            .await
+            .expect("ingress");
+        assert_eq!(status, 200, "{body}");
+    }
+
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");
     let status = up.exited(Duration::from_secs(30)).await;

@@ -175,3 +175,93 @@ async fn a_canary_split_and_matches_route_as_written() {
         .expect("answer");
     assert_eq!(status, 200);
 }
+
+/// The chapter's `simple-web-gateway-retry.yaml` in shape: a Gateway for
+/// Istio's ingress gateway binding `simple-web.istioinaction.io` on port
+/// 80, and a VirtualService bound to it routing that host to simple-web.
+const GATEWAY: &str = r#"apiVersion: networking.istio.io/v1alpha3
+kind: Gateway
+metadata:
+  name: simple-web-gateway
+spec:
+  selector:
+    istio: ingressgateway
+  servers:
+  - port:
+      number: 80
+      name: http
+      protocol: HTTP
+    hosts:
+    - "simple-web.istioinaction.io"
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: VirtualService
+metadata:
+  name: simple-web-vs-for-gateway
+spec:
+  hosts:
+  - "simple-web.istioinaction.io"
+  gateways:
+  - simple-web-gateway
+  http:
+  - route:
+    - destination:
+        host: simple-web
+    retries:
+      attempts: 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingress_serves_only_the_hosts_its_gateway_binds() {
+    let net = Net::new(138);
+    let _web = net.backend(1, &[]).await;
+    let _backend = net.backend(2, &[]).await;
+    net.service("simple-web", &[1]);
+    net.service("simple-backend", &[2]);
+    net.write("gateway.yaml", GATEWAY);
+    let _cp = net.control_plane().await;
+    let gateway =
+        |labels: &'static str| ["--mode", "gateway", "--labels", labels, "--debug-headers"];
+    let _ingress = net
+        .sidecar(100, &gateway("istio=ingressgateway,app=ingress"))
+        .await;
+    let _other = net.sidecar(101, &gateway("istio=egressgateway")).await;
+    let web = net.addr(1, 9090).to_string();
+    let mut c = Conn::open(net.addr(100, 15001)).await.expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, ep) = c
+            .get_with("simple-web.istioinaction.io", "/", &[])
+            .await
+            .expect("answer");
+        if status == 200 {
+            assert_eq!(ep.as_deref(), Some(web.as_str()));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never routed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for host in [
+        "simple-backend.default.svc.cluster.local",
+        "simple-web.default.svc.cluster.local",
+        "simple-web",
+        "unbound.istioinaction.io",
+    ] {
+        let (status, _, body) = c
+            .send(Method::GET, host, "/", &[], Default::default())
+            .await
+            .expect("answer");
+        assert_eq!(
+            (status, body.trim()),
+            (404, format!("minimesh: no route for host {host}").as_str())
+        );
+    }
+    // A gateway the Gateway's selector does not pick serves none of it.
+    let (status, _, _) = get(net.addr(101, 15001), "simple-web.istioinaction.io", "/")
+        .await
+        .expect("answer");
+    assert_eq!(status, 404);
+}

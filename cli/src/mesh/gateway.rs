@@ -1,5 +1,7 @@
 //! The ingress gateway of a local mesh: the sidecar binary in gateway mode
-//! on the topology's `ingress.listen`, its hosts as routes.
+//! on the topology's `ingress.listen`, its hosts as routes, labelled as
+//! Istio's ingress gateway (`istio=ingressgateway`) so that the Gateways
+//! users apply bind theirs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -39,7 +41,10 @@ impl Mesh {
             "--admin",
             &admin.to_string(),
         ])
-        .args(identity::sidecar_args(ids, identity::GATEWAY));
+        .args(identity::sidecar_args(ids, identity::GATEWAY))
+        // Istio's ingress gateway's label: Gateways selecting it (as the
+        // book's do) bind their hosts here, over the topology's own.
+        .args(["--labels", "istio=ingressgateway"]);
         for (host, svc) in &ing.hosts {
             cmd.args(["--route", &format!("{host}={svc}.{ns}")]);
         }

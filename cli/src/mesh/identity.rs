@@ -123,9 +123,22 @@ pub fn pods_yaml(namespace: &str, pods: &[Pod], captured: bool) -> String {
                 serde_json::Value::from(v.as_str())
             );
         }
+        let mut labels = String::new();
+        for (k, v) in p
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != "app" && *k != "minimesh.io/proxy")
+        {
+            let _ = write!(
+                labels,
+                "\n    {}: {}",
+                serde_json::Value::from(k.as_str()),
+                serde_json::Value::from(v.as_str())
+            );
+        }
         let _ = write!(
             y,
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: {namespace}\n  labels:\n    app: {}\n    minimesh.io/proxy: sidecar\n  annotations:\n    minimesh.io/inbound-port: \"{}\"{capture}{annotations}\nspec:\n  serviceAccountName: {}\nstatus:\n  podIP: \"{}\"\n",
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: {namespace}\n  labels:\n    app: {}\n    minimesh.io/proxy: sidecar{labels}\n  annotations:\n    minimesh.io/inbound-port: \"{}\"{capture}{annotations}\nspec:\n  serviceAccountName: {}\nstatus:\n  podIP: \"{}\"\n",
             p.name, p.service, p.port, p.service, p.ip
         );
     }

@@ -30,6 +30,9 @@ pub struct Pod {
     /// The pod's annotations (its deployment's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The pod's labels besides `app` (its deployment's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl Pod {

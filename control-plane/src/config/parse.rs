@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::gateway::{self as istio_gateway, Gateway, ValidGateway, GATEWAY_API_VERSIONS};
 use super::kube::{EndpointSlice, Service};
 use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
 use super::security::{PeerAuthentication, Pod};
@@ -64,7 +65,8 @@ pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
     /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service`,
-    /// `EndpointSlice`, `PeerAuthentication`, `Pod` or `VirtualService`.
+    /// `EndpointSlice`, `PeerAuthentication`, `Pod`, `VirtualService` or
+    /// `Gateway` (Istio's).
     pub kind: &'static str,
     /// Namespace (`default` when unset).
     pub namespace: String,
@@ -106,6 +108,8 @@ pub enum Object {
     Pod(Arc<Pod>),
     /// A VirtualService.
     VirtualService(Arc<ValidVirtualService>),
+    /// Istio's Gateway.
+    Gateway(Arc<ValidGateway>),
 }
 
 /// One document of a file, parsed.
@@ -286,6 +290,10 @@ fn parse_value(
         "PeerAuthentication" => ("PeerAuthentication", &PEER_AUTH_API_VERSIONS),
         "Pod" => ("Pod", &["v1"]),
         "VirtualService" => ("VirtualService", &VIRTUAL_SERVICE_API_VERSIONS),
+        // Istio's; the Gateway API's (gateway.networking.k8s.io) is not read yet.
+        "Gateway" if api_version.starts_with("networking.istio.io/") => {
+            ("Gateway", &GATEWAY_API_VERSIONS)
+        }
         "List" if api_version == "v1" && depth == 0 => {
             if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
                 for item in items.clone() {
@@ -308,7 +316,7 @@ fn parse_value(
         }
         other => {
             out.ignored.push(format!(
-                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Istio's Gateway, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
                 file.display()
             ));
             return;
@@ -370,6 +378,11 @@ fn parse_value(
             let valid = virtual_service::validate(v, &key.namespace)
                 .map_err(|(field, reason)| (Some(field), reason))?;
             Ok(Object::VirtualService(Arc::new(valid)))
+        }),
+        "Gateway" => typed::<Gateway>(value).and_then(|g| {
+            let valid = istio_gateway::validate(g, &key.namespace)
+                .map_err(|(field, reason)| (Some(field), reason))?;
+            Ok(Object::Gateway(Arc::new(valid)))
         }),
         _ => typed::<EndpointSlice>(value)
             .and_then(validate_slice)

@@ -372,8 +372,13 @@ pub struct Percent {
 pub struct ValidVirtualService {
     /// The object as written.
     pub virtual_service: VirtualService,
-    /// The Services it routes (its hosts): (name, namespace).
+    /// The Services whose callers' sidecars it routes (its hosts, when it
+    /// applies to `mesh`): (name, namespace).
     pub services: Vec<(String, String)>,
+    /// The Gateways it is bound to: (namespace, name).
+    pub gateways: Vec<(String, String)>,
+    /// The hosts it routes at those Gateways (lower case).
+    pub gateway_hosts: Vec<String>,
     /// Its routes, in order.
     pub routes: Vec<ModelRoute>,
 }
@@ -386,6 +391,8 @@ pub fn view(namespace: &str, name: &str, v: &ValidVirtualService) -> Value {
         "namespace": namespace,
         "name": name,
         "services": v.services.iter().map(|s| format!("{}.{}", s.0, s.1)).collect::<Vec<_>>(),
+        "gateways": v.gateways.iter().map(|g| format!("{}/{}", g.0, g.1)).collect::<Vec<_>>(),
+        "gateway_hosts": v.gateway_hosts,
         "routes": routes,
     })
 }

@@ -78,6 +78,10 @@ pub fn watched(pods: bool) -> Vec<Watched> {
             required: false,
         },
         Watched {
+            resource: ar("networking.istio.io", "v1", "Gateway", "gateways"),
+            required: false,
+        },
+        Watched {
             resource: ar("", "v1", "Service", "services"),
             required: true,
         },
@@ -522,6 +526,8 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "EndpointSlice" => "EndpointSlice",
         "PeerAuthentication" => "PeerAuthentication",
         "Pod" => "Pod",
+        "VirtualService" => "VirtualService",
+        "Gateway" if resource.group == "networking.istio.io" => "Gateway",
         "Namespace" => "Namespace",
         _ => return None,
     };

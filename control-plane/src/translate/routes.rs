@@ -6,7 +6,7 @@
 //! own Service is sent as that cluster's settings instead, understood by
 //! every client (sidecars, Envoy, gRPC).
 
-use minimesh_proto::v1::{self, string_match::Kind, Cluster, ClusterLoadAssignment};
+use minimesh_proto::v1::{self, string_match::Kind, Cluster, ClusterLoadAssignment, Route};
 
 use super::Resources;
 use crate::config::parse::ObjectKey;
@@ -301,4 +301,68 @@ fn encode(r: &HttpRoute, service: &(String, String), port: u32, out: &Resources)
         RouteAction::Direct(s) => wire.direct_status = u32::from(*s),
     }
     wire
+}
+
+/// The key of a Gateway's host among the routes (never a Service's:
+/// `service.namespace` has no `|`).
+pub fn gateway_route_key(gateway: &(String, String), host: &str) -> String {
+    format!("{}/{}|{host}", gateway.0, gateway.1)
+}
+
+/// Puts every host a Gateway binds and a VirtualService bound to it routes
+/// into the routes, as the gateways that Gateway selects serve them.
+pub fn apply_gateways(store: &Store, out: &mut Resources) {
+    let none = (String::new(), String::new());
+    for (vkey, (v, _)) in &store.virtual_services {
+        for gw in &v.gateways {
+            let key = ObjectKey {
+                kind: "Gateway",
+                namespace: gw.0.clone(),
+                name: gw.1.clone(),
+            };
+            let Some(g) = store.gateways.get(&key) else {
+                continue;
+            };
+            for host in &v.gateway_hosts {
+                let Some((port, _)) = g
+                    .binds
+                    .iter()
+                    .find(|(_, p)| p.allows(&vkey.namespace, host))
+                else {
+                    continue;
+                };
+                let rkey = gateway_route_key(gw, host);
+                if out.routes.contains_key(&rkey) {
+                    continue; // the first VirtualService in order has it (the store refused others)
+                }
+                let here: Vec<HttpRoute> = v
+                    .routes
+                    .iter()
+                    .filter(|r| {
+                        r.matches.is_empty()
+                            || r.matches.iter().any(|m| m.port.is_none_or(|p| p == *port))
+                    })
+                    .cloned()
+                    .collect();
+                let http_routes = here.iter().map(|r| encode(r, &none, *port, out)).collect();
+                out.routes.insert(
+                    rkey,
+                    Route {
+                        service: host.clone(),
+                        namespace: gw.0.clone(),
+                        ports: vec![v1::PortCluster {
+                            port: *port,
+                            cluster: String::new(),
+                            protocol: v1::PortProtocol::Http as i32,
+                            http_routes,
+                        }],
+                        default_port: *port,
+                        cluster_ips: vec![],
+                        gateway: format!("{}/{}", gw.0, gw.1),
+                        gateway_selector: g.selector.clone().into_iter().collect(),
+                    },
+                );
+            }
+        }
+    }
 }

@@ -29,8 +29,12 @@ pub struct HostAliases {
     pub fallback: Option<String>,
     /// Only these hosts (the gateway): the mesh's own Service names are not
     /// routed, so that a Host naming an internal Service reaches none from
-    /// outside (404) unless an alias or the fallback says so.
+    /// outside (404) unless an alias or the fallback says so. Such a
+    /// gateway also serves the hosts of the Istio Gateways its `labels`
+    /// match.
     pub only: bool,
+    /// The gateway's labels (`--labels`).
+    pub labels: Vec<(String, String)>,
 }
 
 /// The raw resources last accepted, and what to keep across rebuilds: the
@@ -167,7 +171,10 @@ impl Resources {
     pub fn set_routes(&mut self, routes: impl IntoIterator<Item = Route>) {
         let routes: BTreeMap<String, Route> = routes
             .into_iter()
-            .map(|r| (format!("{}.{}", r.service, r.namespace), r))
+            .map(|r| match r.gateway.as_str() {
+                "" => (format!("{}.{}", r.service, r.namespace), r),
+                gw => (format!("{gw}|{}", r.service), r),
+            })
             .collect();
         if routes != self.routes {
             self.routes = routes;
@@ -378,10 +385,14 @@ impl Resources {
             self.picks.retain(|name, _| clusters.contains_key(name));
         }
         if !(same_inputs && same_clusters && !self.routes_changed) {
-            let (hosts, fallback) = host_map(&self.routes, &clusters, node, aliases);
+            let (mut hosts, fallback) = host_map(&self.routes, &clusters, node, aliases);
+            let mut tables = route_tables(&self.routes, &clusters);
+            if aliases.only {
+                gateway_hosts(&self.routes, &clusters, aliases, &mut hosts, &mut tables);
+            }
             self.built_hosts = Arc::new(hosts);
             self.built_destinations = Arc::new(destination_map(&self.routes, &clusters));
-            self.built_tables = Arc::new(route_tables(&self.routes, &clusters));
+            self.built_tables = Arc::new(tables);
             self.built_fallback = fallback;
             self.routes_changed = false;
         }
@@ -419,7 +430,7 @@ fn host_map(
         .collect();
     let mut hosts = HostMap::default();
     let mut default_of = HashMap::new();
-    for r in routes.values() {
+    for r in routes.values().filter(|r| r.gateway.is_empty()) {
         if aliases.only {
             // Only the default port's cluster, for the aliases to name.
             if let Some(&c) = r
@@ -470,6 +481,45 @@ fn host_map(
     (hosts, fallback)
 }
 
+/// The hosts of the Istio Gateways whose selector `aliases.labels` match
+/// (a gateway's), each with its routes: tables past the clusters' indexes,
+/// and their names in the host map (`host` and `host:port`).
+fn gateway_hosts(
+    routes: &BTreeMap<String, Route>,
+    clusters: &BTreeMap<String, Arc<ClusterHandle>>,
+    aliases: &HostAliases,
+    hosts: &mut HostMap,
+    tables: &mut Vec<Option<RouteTable>>,
+) {
+    let index: HashMap<&str, u32> = clusters
+        .keys()
+        .enumerate()
+        .map(|(i, name)| (name.as_str(), i as u32))
+        .collect();
+    let selected = |r: &Route| {
+        r.gateway_selector
+            .iter()
+            .all(|(k, v)| aliases.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+    };
+    for r in routes
+        .values()
+        .filter(|r| !r.gateway.is_empty() && selected(r))
+    {
+        let Some(pc) = r.ports.first() else {
+            continue;
+        };
+        let Ok(t) = RouteTable::compile(&pc.http_routes, &|c| index.get(c).copied()) else {
+            continue; // validated on receipt
+        };
+        tables.resize_with(tables.len().max(clusters.len()), || None);
+        let i = tables.len() as u32;
+        tables.push(Some(t));
+        let host = r.service.to_ascii_lowercase();
+        hosts.insert(format!("{host}:{}", pc.port), i);
+        hosts.insert(host, i);
+    }
+}
+
 /// Every port's HTTP routes, compiled, at the index of the port's cluster.
 fn route_tables(
     routes: &BTreeMap<String, Route>,
@@ -487,7 +537,7 @@ fn route_tables(
         .map(|(i, name)| (name.as_str(), i as u32))
         .collect();
     let mut tables: Vec<Option<RouteTable>> = (0..clusters.len()).map(|_| None).collect();
-    for r in routes.values() {
+    for r in routes.values().filter(|r| r.gateway.is_empty()) {
         for pc in r.ports.iter().filter(|p| !p.http_routes.is_empty()) {
             let Some(&i) = index.get(pc.cluster.as_str()) else {
                 continue;

@@ -7,6 +7,7 @@ use super::{
     HeaderOperations, Headers, HttpFault, HttpMatchRequest, HttpRedirect, HttpRetry, HttpRoute,
     StringMatch, ValidVirtualService, VirtualService,
 };
+use crate::config::gateway::is_host_name;
 use crate::config::kube::resolve_host;
 use crate::config::route::{
     self, Backend, Fault, HeaderMatch, HeaderOps, Redirect, Rewrite, RouteAction, RouteMatch,
@@ -48,27 +49,55 @@ pub fn validate(vs: VirtualService, namespace: &str) -> Result<ValidVirtualServi
             "limiting which namespaces see a VirtualService",
         ));
     }
+    // No gateways: the sidecars (`mesh`) only; otherwise those named.
+    let mut mesh = spec.gateways.is_empty();
+    let mut gateways = Vec::new();
     for (i, g) in spec.gateways.iter().enumerate() {
-        if g != "mesh" {
-            return Err(not_yet(
+        if g == "mesh" {
+            mesh = true;
+            continue;
+        }
+        let (ns, name) = g.split_once('/').unwrap_or((namespace, g));
+        if !is_host_name(name, false) || !is_host_name(ns, false) || name.contains('.') {
+            return Err((
                 format!("spec.gateways[{i}]"),
-                &format!("binding a VirtualService to Gateway {g:?} (only `mesh`, the sidecars)"),
+                format!("{g:?} is not a Gateway name (`name`, `namespace/name` or `mesh`)"),
             ));
         }
+        gateways.push((ns.to_string(), name.to_string()));
     }
     if spec.hosts.is_empty() {
         return Err(("spec.hosts".into(), "names no host".into()));
     }
     let mut services = Vec::new();
+    let mut gateway_hosts = Vec::new();
     for (i, h) in spec.hosts.iter().enumerate() {
-        let Some(s) = resolve_host(h, namespace).filter(|_| !h.contains('*')) else {
-            return Err(not_yet(
-                format!("spec.hosts[{i}]"),
-                &format!("{h:?} is not a Service name (name, name.namespace or name.namespace.svc.cluster.local); routing other hosts, which needs a Gateway,"),
-            ));
-        };
-        if !services.contains(&s) {
-            services.push(s);
+        if h.contains('*') {
+            return Err(not_yet(format!("spec.hosts[{i}]"), "a wildcard host"));
+        }
+        if !gateways.is_empty() {
+            if !is_host_name(h, false) {
+                return Err((
+                    format!("spec.hosts[{i}]"),
+                    format!("{h:?} is not a host name"),
+                ));
+            }
+            gateway_hosts.push(h.to_ascii_lowercase());
+        }
+        if !mesh {
+            continue;
+        }
+        match resolve_host(h, namespace) {
+            Some(s) if !services.contains(&s) => services.push(s),
+            Some(_) => {}
+            // A gateway's host only.
+            None if !gateways.is_empty() => {}
+            None => {
+                return Err(not_yet(
+                    format!("spec.hosts[{i}]"),
+                    &format!("{h:?} is not a Service name (name, name.namespace or name.namespace.svc.cluster.local); routing other hosts from the sidecars"),
+                ))
+            }
         }
     }
     if spec.http.is_empty() {
@@ -90,6 +119,8 @@ pub fn validate(vs: VirtualService, namespace: &str) -> Result<ValidVirtualServi
     Ok(ValidVirtualService {
         virtual_service: vs,
         services,
+        gateways,
+        gateway_hosts,
         routes,
     })
 }
@@ -735,13 +766,37 @@ mod tests {
     }
 
     #[test]
+    fn the_books_gateway_virtual_service_binds_its_host_to_the_gateway() {
+        let v = vs("  hosts: [\"simple-web.istioinaction.io\"]\n  gateways: [simple-web-gateway]\n  http:\n  - route:\n    - destination: {host: simple-web}\n    retries: {attempts: 2}\n")
+            .expect("valid");
+        assert!(v.services.is_empty(), "not for the sidecars");
+        assert_eq!(
+            v.gateways,
+            [(
+                "istioinaction".to_string(),
+                "simple-web-gateway".to_string()
+            )]
+        );
+        assert_eq!(v.gateway_hosts, ["simple-web.istioinaction.io"]);
+        let both = vs("  hosts: [simple-backend]\n  gateways: [mesh, other/gw]\n  http:\n  - route:\n    - destination: {host: simple-backend}\n")
+            .expect("valid");
+        assert_eq!(both.services, [backend()]);
+        assert_eq!(both.gateways, [("other".to_string(), "gw".to_string())]);
+    }
+
+    #[test]
     fn what_is_not_implemented_or_wrong_is_refused_by_field() {
         let route = "  hosts: [simple-backend]\n  http:\n  - route:\n    - destination: {host: simple-backend}\n";
         let cases = [
             (
-                "  hosts: [simple-web.istioinaction.io]\n  gateways: [simple-web-gateway]\n  http:\n  - route:\n    - destination: {host: simple-web}\n".to_string(),
-                "spec.gateways[0]",
-                "binding a VirtualService to Gateway \"simple-web-gateway\" (only `mesh`, the sidecars) is not implemented yet; this VirtualService is not applied",
+                "  hosts: [simple-web.istioinaction.io]\n  http:\n  - route:\n    - destination: {host: simple-web}\n".to_string(),
+                "spec.hosts[0]",
+                "\"simple-web.istioinaction.io\" is not a Service name (name, name.namespace or name.namespace.svc.cluster.local); routing other hosts from the sidecars is not implemented yet",
+            ),
+            (
+                "  hosts: [\"*.istioinaction.io\"]\n  gateways: [simple-web-gateway]\n  http:\n  - route:\n    - destination: {host: simple-web}\n".to_string(),
+                "spec.hosts[0]",
+                "a wildcard host is not implemented yet",
             ),
             (
                 format!("{route}    match: [{{sourceLabels: {{app: web}}}}]\n"),
