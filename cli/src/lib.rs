@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod bench;
+pub mod delete;
 pub mod demo;
 pub mod get;
 pub mod http;
@@ -117,6 +118,8 @@ pub enum Command {
     Up(mesh::UpArgs),
     /// Validate rule files and put them into the running mesh.
     Apply(apply::ApplyArgs),
+    /// Remove what `apply` put into the running mesh (by file, or kind and name).
+    Delete(delete::DeleteArgs),
     /// Show rules, endpoints or proxies of the running mesh.
     Get(get::GetArgs),
     /// Kill (or hang) a pod or process of the running mesh, to watch the mesh route around it.
@@ -141,6 +144,7 @@ pub fn main() -> ExitCode {
     if !matches!(
         cli.command,
         Command::Apply(_)
+            | Command::Delete(_)
             | Command::Get(_)
             | Command::Top(_)
             | Command::Kill(_)
@@ -152,6 +156,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Up(a) => block_on("minimesh up", mesh::up(home, a)),
         Command::Apply(a) => block_on("minimesh apply", apply::run(home, a)),
+        Command::Delete(a) => block_on("minimesh delete", delete::run(home, a)),
         Command::Get(a) => block_on("minimesh get", get::run(home, a)),
         Command::Demo(a) => block_on("minimesh demo", demo::run(home, a)),
         Command::Top(a) => block_on("minimesh top", top::run(home, a)),

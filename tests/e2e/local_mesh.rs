@@ -229,6 +229,43 @@ async fn seed_walkthrough_up_curl_apply_get() {
             .expect("ingress");
         assert_eq!(status, 200, "{body}");
     }
+    // delete, as kubectl's: by file, then by kind and name.
+    let delete = |args: &[&str]| {
+        Command::new(bin("minimesh"))
+            .args(["--home", &home, "delete"])
+            .args(args)
+            .output()
+            .expect("delete")
+    };
+    let canary = path_str(&repo().join("examples/routes/simple-backend-canary.yaml"));
+    let out = delete(&["-f", &canary]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "destinationrule istioinaction/simple-backend-dr deleted\nvirtualservice istioinaction/simple-backend-vs deleted"
+    );
+    let out = delete(&["vs", "simple-backend-vs"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("virtualservice istioinaction/simple-backend-vs not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = delete(&["gateway", "simple-web-gateway", "-n", "istioinaction"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, _, _) = get(ingress, "simple-web.istioinaction.io", "/")
+        .await
+        .expect("ingress");
+    assert_eq!(status, 200, "the topology's own host again");
 
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");
