@@ -1,4 +1,4 @@
-//! `minimesh get rules|endpoints|proxies`: tables from the control plane's
+//! `minimesh get rules|routes|endpoints|proxies`: tables from the control plane's
 //! admin API (`-o json` for the raw view).
 
 use std::path::PathBuf;
@@ -11,6 +11,9 @@ use crate::mesh::MeshState;
 pub enum What {
     /// DestinationRules with status, and rejected config.
     Rules,
+    /// VirtualServices (each route: match, destinations) and Gateways, with
+    /// status, and the rejected ones.
+    Routes,
     /// Endpoints per cluster with policy, protocol, weight, zone and health.
     Endpoints,
     /// Connected proxies and the versions they ACKed (like istioctl proxy-status).
@@ -20,7 +23,7 @@ pub enum What {
 /// `minimesh get` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GetArgs {
-    /// rules, endpoints or proxies.
+    /// rules, routes, endpoints or proxies.
     pub what: What,
     /// `table` or `json`.
     #[arg(short, long, default_value = "table", value_parser = ["table", "json"])]
@@ -46,7 +49,7 @@ pub fn admin_addr(
 pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
     let admin = admin_addr(&home, args.control_plane_admin)?;
     let path = match args.what {
-        What::Rules => "/debug/config",
+        What::Rules | What::Routes => "/debug/config",
         What::Endpoints => "/debug/endpoints",
         What::Proxies => "/debug/proxies",
     };
@@ -91,6 +94,7 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        What::Routes => routes_table(&v),
         What::Endpoints => {
             println!(
                 "{:<48} {:<14} {:<9} {:<22} {:<24} {:<7} {:<10} HEALTH",
@@ -167,4 +171,149 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `minimesh get routes`: each VirtualService with its routes, each
+/// Gateway with what it binds, then what was refused.
+fn routes_table(v: &serde_json::Value) {
+    let s = |v: &serde_json::Value| {
+        v.as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string())
+    };
+    let list = |v: &serde_json::Value| {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    println!(
+        "{:<16} {:<28} {:<40} {:<28} {:<6} ACCEPTED",
+        "NAMESPACE", "VIRTUALSERVICE", "HOSTS", "GATEWAYS", "ROUTES"
+    );
+    for vs in v["virtualServices"].as_array().into_iter().flatten() {
+        let hosts: Vec<String> = vs["services"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(vs["gateway_hosts"].as_array().into_iter().flatten())
+            .map(s)
+            .collect();
+        let gateways = match list(&vs["gateways"]) {
+            g if g.is_empty() => "mesh".to_string(),
+            g => g,
+        };
+        let routes = vs["routes"].as_array().map_or(0, Vec::len);
+        println!(
+            "{:<16} {:<28} {:<40} {:<28} {:<6} true",
+            s(&vs["namespace"]),
+            s(&vs["name"]),
+            hosts.join(","),
+            gateways,
+            routes
+        );
+        for r in vs["routes"].as_array().into_iter().flatten() {
+            let matches: Vec<String> = r["matches"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    let mut parts = Vec::new();
+                    if !m["path"].is_null() {
+                        parts.push(format!("path {}", s(&m["path"])));
+                    }
+                    if !m["method"].is_null() {
+                        parts.push(format!("method {}", s(&m["method"])));
+                    }
+                    for h in m["headers"].as_array().into_iter().flatten() {
+                        parts.push(format!("header {}", s(h)));
+                    }
+                    for q in m["query"].as_array().into_iter().flatten() {
+                        parts.push(format!("query {}", s(q)));
+                    }
+                    if !m["port"].is_null() {
+                        parts.push(format!("port {}", s(&m["port"])));
+                    }
+                    parts.join(" and ")
+                })
+                .collect();
+            let when = match matches.as_slice() {
+                [] => "every request".to_string(),
+                m => m.join(" or "),
+            };
+            let action = &r["action"];
+            let to = if let Some(b) = action["backends"].as_array() {
+                b.iter()
+                    .map(|b| {
+                        let mut t = s(&b["service"]);
+                        if !b["subset"].is_null() {
+                            t += &format!(" subset {}", s(&b["subset"]));
+                        }
+                        if !b["port"].is_null() {
+                            t += &format!(" port {}", s(&b["port"]));
+                        }
+                        format!("{t} ({})", s(&b["weight"]))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            } else if !action["redirect"].is_null() {
+                format!("redirect {}", action["redirect"])
+            } else {
+                format!("status {}", s(&action["direct_status"]))
+            };
+            let mut extra = String::new();
+            if !r["timeout_ms"].is_null() {
+                extra += &format!(", timeout {}ms", s(&r["timeout_ms"]));
+            }
+            if !r["retry_attempts"].is_null() {
+                extra += &format!(", {} retries", s(&r["retry_attempts"]));
+            }
+            if !r["fault"].is_null() {
+                extra += ", fault";
+            }
+            println!("  {}: {when} -> {to}{extra}", s(&r["name"]));
+        }
+        for w in vs["warnings"].as_array().into_iter().flatten() {
+            println!("  warning: {}", s(w));
+        }
+    }
+    let gateways: Vec<_> = v["gateways"].as_array().into_iter().flatten().collect();
+    if !gateways.is_empty() {
+        println!(
+            "\n{:<16} {:<28} {:<40} SERVERS",
+            "NAMESPACE", "GATEWAY", "SELECTOR"
+        );
+        for g in gateways {
+            let selector: Vec<String> = g["selector"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={}", s(v)))
+                .collect();
+            println!(
+                "{:<16} {:<28} {:<40} {}",
+                s(&g["namespace"]),
+                s(&g["name"]),
+                selector.join(","),
+                list(&g["servers"])
+            );
+        }
+    }
+    let refused: Vec<_> = v["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            let o = s(&e["object"]);
+            o.starts_with("VirtualService ") || o.starts_with("Gateway ")
+        })
+        .collect();
+    if !refused.is_empty() {
+        println!("\nREJECTED (the previous good version of each stays in force):");
+        for e in refused {
+            println!("  {}", s(&e["message"]));
+        }
+    }
 }

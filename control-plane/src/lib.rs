@@ -510,7 +510,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
         virtual_services: store
             .virtual_services
             .iter()
-            .map(|(k, (v, _))| config::virtual_service::view(&k.namespace, &k.name, v))
+            .map(|(k, (v, _))| {
+                let mut view = config::virtual_service::view(&k.namespace, &k.name, v);
+                view["warnings"] = translate::route_warnings(store, k, v).into();
+                view
+            })
             .collect(),
         gateways: store
             .gateways

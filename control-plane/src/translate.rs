@@ -18,7 +18,7 @@ use crate::store::Store;
 mod routes;
 mod security;
 
-pub use routes::subset_cluster_name;
+pub use routes::{subset_cluster_name, warnings as route_warnings};
 
 /// Everything sidecars are sent, by resource name.
 #[derive(Clone, Debug, Default, PartialEq)]

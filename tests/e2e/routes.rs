@@ -174,6 +174,37 @@ async fn a_canary_split_and_matches_route_as_written() {
         .await
         .expect("answer");
     assert_eq!(status, 200);
+
+    // `minimesh get routes` shows each route as it applies.
+    let text = get_routes(&net);
+    for line in [
+        "  VirtualService/default/backend/testers: header x-canary=exact:yes -> backend.default subset v2 (100)",
+        "  VirtualService/default/backend/api: path prefix:/api/ and method GET -> backend.default subset v1 (100)",
+        "  VirtualService/default/backend/canary: every request -> backend.default subset v1 (90), backend.default subset v2 (10)",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["default", "backend", "backend.default", "mesh", "6", "true"]),
+        "{text}"
+    );
+}
+
+/// `minimesh get routes` against the test's control plane.
+fn get_routes(net: &Net) -> String {
+    let out = std::process::Command::new(bin("minimesh"))
+        .args(["get", "routes", "--control-plane-admin"])
+        .arg(net.cp_admin().to_string())
+        .output()
+        .expect("minimesh get");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The chapter's `simple-web-gateway-retry.yaml` in shape: a Gateway for
@@ -219,6 +250,10 @@ async fn the_ingress_serves_only_the_hosts_its_gateway_binds() {
     net.service("simple-web", &[1]);
     net.service("simple-backend", &[2]);
     net.write("gateway.yaml", GATEWAY);
+    net.write(
+        "unbound.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: unbound}\nspec:\n  hosts: [unbound.istioinaction.io]\n  gateways: [nope]\n  http:\n  - route: [{destination: {host: simple-web}}]\n",
+    );
     let _cp = net.control_plane().await;
     let gateway =
         |labels: &'static str| ["--mode", "gateway", "--labels", labels, "--debug-headers"];
@@ -259,6 +294,18 @@ async fn the_ingress_serves_only_the_hosts_its_gateway_binds() {
             (404, format!("minimesh: no route for host {host}").as_str())
         );
     }
+    // Status: the VirtualService bound to a Gateway that does not exist says so.
+    let text = get_routes(&net);
+    assert!(
+        text.contains("  warning: spec.gateways: Gateway default/nope does not exist; its hosts are not served until it does"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l
+                .starts_with("default          simple-web-gateway           istio=ingressgateway")),
+        "{text}"
+    );
     // A gateway the Gateway's selector does not pick serves none of it.
     let (status, _, _) = get(net.addr(101, 15001), "simple-web.istioinaction.io", "/")
         .await

@@ -366,3 +366,70 @@ pub fn apply_gateways(store: &Store, out: &mut Resources) {
         }
     }
 }
+
+/// What keeps a VirtualService from doing all it says, for its status:
+/// Gateways that do not exist or bind none of its hosts, destinations that
+/// are no Service, subsets no rule of the Service defines.
+pub fn warnings(store: &Store, vkey: &ObjectKey, v: &ValidVirtualService) -> Vec<String> {
+    let mut out = Vec::new();
+    for gw in &v.gateways {
+        let key = ObjectKey {
+            kind: "Gateway",
+            namespace: gw.0.clone(),
+            name: gw.1.clone(),
+        };
+        match store.gateways.get(&key) {
+            None => out.push(format!(
+                "spec.gateways: Gateway {}/{} does not exist; its hosts are not served until it does",
+                gw.0, gw.1
+            )),
+            Some(g) => {
+                for h in &v.gateway_hosts {
+                    if !g.binds.iter().any(|(_, p)| p.allows(&vkey.namespace, h)) {
+                        out.push(format!(
+                            "spec.hosts: Gateway {}/{} binds no server to host {h} for namespace {}; it is not served there",
+                            gw.0, gw.1, vkey.namespace
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &v.routes {
+        let RouteAction::Forward(backends) = &r.action else {
+            continue;
+        };
+        for b in backends {
+            if !seen.insert((b.service.clone(), b.subset.clone())) {
+                continue;
+            }
+            let skey = ObjectKey {
+                kind: "Service",
+                namespace: b.service.1.clone(),
+                name: b.service.0.clone(),
+            };
+            if !store.services.contains_key(&skey) {
+                out.push(format!(
+                    "destination {}.{} is not a Service (yet); its share of requests is answered 503",
+                    b.service.0, b.service.1
+                ));
+                continue;
+            }
+            if let Some(subset) = &b.subset {
+                let defined = store.rules.iter().any(|(k, (rule, _))| {
+                    crate::config::kube::resolve_host(&rule.rule.spec.host, &k.namespace)
+                        .is_some_and(|s| s == b.service)
+                        && rule.subsets.iter().any(|s| &s.name == subset)
+                });
+                if !defined {
+                    out.push(format!(
+                        "destination {}.{} subset {subset}: no DestinationRule of that Service defines it; its share of requests is answered 503",
+                        b.service.0, b.service.1
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
