@@ -37,9 +37,9 @@ use wire::*;
 type Body = BoxBody<Bytes, Infallible>;
 
 /// The collections the fake serves: (group, version, plural, kind).
-/// Istio's DestinationRule comes last: served only when the fake is started
-/// with Istio's CRD "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 15] = [
+/// Istio's kinds ([`ISTIO`]) are served only when the fake is started with
+/// Istio's CRDs "installed".
+const COLLECTIONS: [(&str, &str, &str, &str); 17] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -80,8 +80,16 @@ const COLLECTIONS: [(&str, &str, &str, &str); 15] = [
         "PeerAuthentication",
     ),
     ("", "v1", "serviceaccounts", "ServiceAccount"),
+    (
+        "networking.istio.io",
+        "v1",
+        "virtualservices",
+        "VirtualService",
+    ),
+    ("networking.istio.io", "v1", "gateways", "Gateway"),
 ];
-const ISTIO: usize = 4;
+/// Istio's collections: served only when the fake has Istio's CRDs.
+const ISTIO: [usize; 3] = [4, 15, 16];
 const WEBHOOKS: usize = 6;
 const MUTATING_WEBHOOKS: usize = 8;
 const NAMESPACES: usize = 9;
@@ -187,7 +195,8 @@ impl FakeKube {
         Self::start_with(addr, false).await
     }
 
-    /// The same; with `istio`, Istio's DestinationRule CRD is installed too.
+    /// The same; with `istio`, Istio's CRDs (DestinationRule, VirtualService,
+    /// Gateway) are installed too.
     pub async fn start_with(addr: SocketAddr, istio: bool) -> FakeKube {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -682,7 +691,7 @@ impl FakeKube {
                 }
             }
         }
-        let served = |c: usize| c != ISTIO || self.istio;
+        let served = |c: usize| !ISTIO.contains(&c) || self.istio;
         let Some((c, ns, name, sub)) = route(&path).filter(|r| served(r.0)) else {
             if method == Method::GET {
                 let doc =

@@ -312,3 +312,82 @@ async fn the_ingress_serves_only_the_hosts_its_gateway_binds() {
         .expect("answer");
     assert_eq!(status, 404);
 }
+
+/// The chapter's gateway file (in shape) applied with the real kubectl to
+/// an API server with Istio's CRDs: the control plane reads the Gateway and
+/// the VirtualService, the ingress serves the host and 404s the rest, and
+/// `kubectl delete` takes them away again. (The fake serves Istio's kinds
+/// at `v1` only, their storage version: the real API server would also
+/// take the book's `v1alpha3` and convert it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_books_gateway_and_deletes_it() {
+    let gateway = GATEWAY.replace("networking.istio.io/v1alpha3", "networking.istio.io/v1");
+    use crate::admission::kubectl;
+    use crate::fake_kube::FakeKube;
+    use crate::kubernetes::{control_plane, service, slice};
+    let net = Net::new(139);
+    let fake = FakeKube::start_with(net.addr(250, 6443), true).await;
+    let _web = net.backend(1, &[]).await;
+    fake.apply(service("simple-web"));
+    fake.apply(slice(&net, "simple-web", &[(1, true)]));
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let (ok, out, err) = kubectl(&net, &["apply", "-n", NS, "-f", "-"], Some(&gateway)).await;
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "gateway.networking.istio.io/simple-web-gateway created\nvirtualservice.networking.istio.io/simple-web-vs-for-gateway created"
+    );
+    let (ok, out, err) = kubectl(&net, &["get", "vs,gw", "-n", NS, "-o", "name"], None).await;
+    assert!(ok, "{out}{err}");
+    let _ingress = net
+        .sidecar(
+            100,
+            &["--mode", "gateway", "--labels", "istio=ingressgateway"],
+        )
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = get(net.addr(100, 15001), "simple-web.istioinaction.io", "/")
+            .await
+            .expect("answer");
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never routed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _, _) = get(
+        net.addr(100, 15001),
+        "simple-web.default.svc.cluster.local",
+        "/",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(status, 404);
+    let (ok, out, err) = kubectl(&net, &["delete", "-n", NS, "-f", "-"], Some(&gateway)).await;
+    assert!(ok, "{out}{err}");
+    wait_cp_config(&net, |c| {
+        c["virtualServices"]
+            .as_array()
+            .is_some_and(|v| v.is_empty())
+            && c["gateways"].as_array().is_some_and(|g| g.is_empty())
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = get(net.addr(100, 15001), "simple-web.istioinaction.io", "/")
+            .await
+            .expect("answer");
+        if status == 404 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still routed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

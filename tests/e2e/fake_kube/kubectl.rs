@@ -33,8 +33,13 @@ fn resources(c: usize) -> Vec<Value> {
         }
     }
     // Istio's CRD names its DestinationRule as Istio's installer does.
-    if group == "networking.istio.io" && plural == "destinationrules" {
-        r["shortNames"] = json!(["dr"]);
+    if group == "networking.istio.io" {
+        let short = match plural {
+            "destinationrules" => "dr",
+            "virtualservices" => "vs",
+            _ => "gw",
+        };
+        r["shortNames"] = json!([short]);
         r["categories"] = json!(["istio-io", "networking-istio-io"]);
     }
     let status = json!({
