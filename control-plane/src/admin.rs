@@ -39,6 +39,8 @@ pub struct ConfigView {
     pub virtual_services: Vec<Value>,
     /// Istio's Gateways read, with the hosts they bind.
     pub gateways: Vec<Value>,
+    /// The Gateway API's HTTPRoutes, with their status per parent.
+    pub http_routes: Vec<Value>,
     /// Rejected input.
     pub errors: Vec<ConfigError>,
     /// Caveats.
@@ -164,7 +166,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "httpRoutes": c.http_routes, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

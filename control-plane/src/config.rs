@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod gateway;
+pub mod gateway_api;
 pub mod kube;
 pub mod parse;
 pub mod route;

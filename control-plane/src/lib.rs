@@ -521,6 +521,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             .iter()
             .map(|(k, g)| config::gateway::view(&k.namespace, &k.name, g))
             .collect(),
+        http_routes: store
+            .http_routes
+            .iter()
+            .map(|(k, r)| translate::http_route_status(store, k, r))
+            .collect(),
         errors: store.errors.clone(),
         warnings: store.warnings.clone(),
         synced: true,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::config::gateway::ValidGateway;
+use crate::config::gateway_api::{self, ValidHttpRoute};
 use crate::config::kube::{EndpointSlice, Service};
 use crate::config::parse::{ObjectKey, ValidRule};
 use crate::config::security::{PeerAuthentication, Pod};
@@ -33,6 +34,10 @@ pub struct Store {
     pub virtual_services: BTreeMap<ObjectKey, (Arc<ValidVirtualService>, Origin)>,
     /// Istio's Gateways.
     pub gateways: BTreeMap<ObjectKey, Arc<ValidGateway>>,
+    /// The Gateway API's HTTPRoutes.
+    pub http_routes: BTreeMap<ObjectKey, Arc<ValidHttpRoute>>,
+    /// The Gateway API's Gateways of class `minimesh` (None: another class's).
+    pub k8s_gateways: BTreeMap<ObjectKey, Option<Arc<gateway_api::ValidGateway>>>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
@@ -157,6 +162,12 @@ impl Store {
             }
             Object::Gateway(g) => {
                 self.gateways.insert(key, g);
+            }
+            Object::HttpRoute(r) => {
+                self.http_routes.insert(key, r);
+            }
+            Object::K8sGateway(g) => {
+                self.k8s_gateways.insert(key, g);
             }
         }
     }

@@ -15,9 +15,11 @@ use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
 use crate::store::Store;
 
+mod gateway_api;
 mod routes;
 mod security;
 
+pub use gateway_api::status as http_route_status;
 pub use routes::{subset_cluster_name, warnings as route_warnings};
 
 /// Everything sidecars are sent, by resource name.
@@ -428,6 +430,7 @@ pub fn translate(
     }
     routes::apply_virtual_services(store, &mut out);
     routes::apply_gateways(store, &mut out);
+    gateway_api::apply(store, &mut out);
     for (key, warnings) in overridden {
         if let Some(s) = status.get_mut(&key) {
             s.warnings.extend(warnings);

@@ -208,15 +208,19 @@ impl Routing {
     #[inline]
     pub fn target(&self, dst: Option<&SocketAddr>, authority: Option<&str>) -> Option<Target<'_>> {
         let by_dst = dst.and_then(|d| self.destinations.get(d)).map(|(i, _)| *i);
-        let index = by_dst.or_else(|| {
-            let a = authority?;
-            let a = a.strip_suffix('.').unwrap_or(a);
-            if a.bytes().any(|b| b.is_ascii_uppercase()) {
-                self.hosts.get(&a.to_ascii_lowercase()).copied()
-            } else {
-                self.hosts.get(a).copied()
-            }
-        });
+        let index = by_dst
+            .or_else(|| {
+                let a = authority?;
+                let a = a.strip_suffix('.').unwrap_or(a);
+                if a.bytes().any(|b| b.is_ascii_uppercase()) {
+                    self.hosts.get(&a.to_ascii_lowercase()).copied()
+                } else {
+                    self.hosts.get(a).copied()
+                }
+            })
+            // A gateway's routes for any host (a Gateway listener and
+            // route with no hostname), only where nothing else matched.
+            .or_else(|| self.hosts.get("*").copied());
         let Some(i) = index else {
             return self.fallback.as_ref().map(Target::Cluster);
         };

@@ -11,6 +11,7 @@ mod connection_pool;
 mod deploy;
 mod edge;
 mod fake_kube;
+mod gateway_api;
 mod grpc_interop;
 mod harness;
 mod hashing;

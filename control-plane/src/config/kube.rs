@@ -41,6 +41,9 @@ pub struct ObjectMeta {
     /// Bumped by the API server on every spec change; 0 locally.
     #[serde(default)]
     pub generation: Option<i64>,
+    /// When the API server created it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
 }
 
 /// Resolves a rule host to (service, namespace): `name` (in the rule's

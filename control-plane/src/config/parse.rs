@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::gateway::{self as istio_gateway, Gateway, ValidGateway, GATEWAY_API_VERSIONS};
+use super::gateway_api::{self, GATEWAY_API_VERSIONS as K8S_GATEWAY_API_VERSIONS};
 use super::kube::{EndpointSlice, Service};
 use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
 use super::security::{PeerAuthentication, Pod};
@@ -110,7 +111,15 @@ pub enum Object {
     VirtualService(Arc<ValidVirtualService>),
     /// Istio's Gateway.
     Gateway(Arc<ValidGateway>),
+    /// The Gateway API's HTTPRoute.
+    HttpRoute(Arc<gateway_api::ValidHttpRoute>),
+    /// The Gateway API's Gateway: minimesh's class, or another's (None).
+    K8sGateway(Option<Arc<gateway_api::ValidGateway>>),
 }
+
+/// The kind of the Gateway API's Gateway among minimesh's object keys
+/// (Istio's is `Gateway`).
+pub const K8S_GATEWAY_KIND: &str = "Gateway.gateway.networking.k8s.io";
 
 /// One document of a file, parsed.
 #[derive(Clone, Debug)]
@@ -294,6 +303,10 @@ fn parse_value(
         "Gateway" if api_version.starts_with("networking.istio.io/") => {
             ("Gateway", &GATEWAY_API_VERSIONS)
         }
+        "Gateway" if api_version.starts_with("gateway.networking.k8s.io/") => {
+            (K8S_GATEWAY_KIND, &K8S_GATEWAY_API_VERSIONS)
+        }
+        "HTTPRoute" => ("HTTPRoute", &K8S_GATEWAY_API_VERSIONS),
         "List" if api_version == "v1" && depth == 0 => {
             if let Some(items) = map.get("items").and_then(|i| i.as_array()) {
                 for item in items.clone() {
@@ -316,7 +329,7 @@ fn parse_value(
         }
         other => {
             out.ignored.push(format!(
-                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Istio's Gateway, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Gateway, HTTPRoute, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
                 file.display()
             ));
             return;
@@ -378,6 +391,16 @@ fn parse_value(
             let valid = virtual_service::validate(v, &key.namespace)
                 .map_err(|(field, reason)| (Some(field), reason))?;
             Ok(Object::VirtualService(Arc::new(valid)))
+        }),
+        K8S_GATEWAY_KIND => typed::<gateway_api::Gateway>(value).and_then(|g| {
+            let valid = gateway_api::validate_gateway(&g)
+                .map_err(|(field, reason)| (Some(field), reason))?;
+            Ok(Object::K8sGateway(valid.map(Arc::new)))
+        }),
+        "HTTPRoute" => typed::<gateway_api::HttpRoute>(value).and_then(|r| {
+            let valid = gateway_api::validate_route(&r, &key.namespace)
+                .map_err(|(field, reason)| (Some(field), reason))?;
+            Ok(Object::HttpRoute(Arc::new(valid)))
         }),
         "Gateway" => typed::<Gateway>(value).and_then(|g| {
             let valid = istio_gateway::validate(g, &key.namespace)

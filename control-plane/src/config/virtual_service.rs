@@ -13,7 +13,7 @@ use super::kube::ObjectMeta;
 use super::route::HttpRoute as ModelRoute;
 
 mod validate;
-pub use validate::validate;
+pub use validate::{check_regex, validate};
 
 /// The API versions a VirtualService is read in (Istio's, as for
 /// DestinationRules).

@@ -82,6 +82,14 @@ pub fn watched(pods: bool) -> Vec<Watched> {
             required: false,
         },
         Watched {
+            resource: ar("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
+            required: false,
+        },
+        Watched {
+            resource: ar("gateway.networking.k8s.io", "v1", "Gateway", "gateways"),
+            required: false,
+        },
+        Watched {
             resource: ar("", "v1", "Service", "services"),
             required: true,
         },
@@ -528,6 +536,8 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "Pod" => "Pod",
         "VirtualService" => "VirtualService",
         "Gateway" if resource.group == "networking.istio.io" => "Gateway",
+        "Gateway" => crate::config::parse::K8S_GATEWAY_KIND,
+        "HTTPRoute" => "HTTPRoute",
         "Namespace" => "Namespace",
         _ => return None,
     };

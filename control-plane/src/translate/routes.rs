@@ -215,7 +215,12 @@ fn header_ops(h: &route::HeaderOps) -> Option<v1::HeaderOps> {
 }
 
 /// A route on the wire, for port `port` of `service`.
-fn encode(r: &HttpRoute, service: &(String, String), port: u32, out: &Resources) -> v1::HttpRoute {
+pub(super) fn encode(
+    r: &HttpRoute,
+    service: &(String, String),
+    port: u32,
+    out: &Resources,
+) -> v1::HttpRoute {
     let mut wire = v1::HttpRoute {
         name: r.name.clone(),
         matches: r
