@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use minimesh_control_plane::config::gateway_api::Parent;
 use minimesh_control_plane::config::parse::ObjectKey;
 use minimesh_control_plane::config::{parse_documents, Object};
 
@@ -47,6 +48,10 @@ impl Validated {
             "PeerAuthentication" => "peerauthentication",
             "VirtualService" => "virtualservice",
             "Gateway" => "gateway",
+            "HTTPRoute" => "httproute",
+            minimesh_control_plane::config::parse::K8S_GATEWAY_KIND => {
+                "gateway.gateway.networking.k8s.io"
+            }
             _ => "destinationrule",
         }
     }
@@ -62,6 +67,12 @@ impl Validated {
         }
         if self.key.kind == "Gateway" {
             return format!("serves {}", self.policy);
+        }
+        if self.key.kind == "HTTPRoute" {
+            return format!("attaches to {}{}", self.policy, self.route);
+        }
+        if self.key.kind == minimesh_control_plane::config::parse::K8S_GATEWAY_KIND {
+            return self.policy.clone();
         }
         let mut s = self.policy.to_string();
         for (port, policy) in &self.port_policies {
@@ -112,6 +123,42 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 warnings: vec![],
                 route: String::new(),
             }),
+            (Ok(Object::HttpRoute(r)), Some(key)) => out.push(Validated {
+                key,
+                policy: r
+                    .parents
+                    .iter()
+                    .map(|p| match p {
+                        Parent::Service(s, _) => format!("Service {}/{}", s.1, s.0),
+                        Parent::Gateway(g, _, _) => format!("Gateway {}/{}", g.0, g.1),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+                route: format!(": {} routes", r.routes.len()),
+            }),
+            (Ok(Object::K8sGateway(g)), Some(key)) => out.push(Validated {
+                key,
+                policy: match g {
+                    Some(g) => format!(
+                        "serves {}",
+                        g.listeners
+                            .iter()
+                            .map(|(name, port, host, _)| {
+                                format!("{name} {}:{port}", host.as_deref().unwrap_or("*"))
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    None => "another class's Gateway: not served by minimesh".to_string(),
+                },
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+                route: String::new(),
+            }),
             (Ok(Object::Gateway(g)), Some(key)) => out.push(Validated {
                 key,
                 policy: g
@@ -144,7 +191,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 route: route_summary(&v),
             }),
             (Ok(_), Some(key)) => errors.push(format!(
-                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices, Gateways and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
+                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices, Gateways, HTTPRoutes and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
                 path.display()
             )),
             (Ok(_), None) => {}
@@ -155,7 +202,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
     }
     if out.is_empty() {
         bail!(
-            "{}: no DestinationRule, VirtualService, Gateway or PeerAuthentication in the file",
+            "{}: no DestinationRule, VirtualService, Gateway, HTTPRoute or PeerAuthentication in the file",
             path.display()
         );
     }
@@ -269,6 +316,8 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
         // Listed: applied (what it routes is `describe`'s).
         "VirtualService" => ("virtualServices", None),
         "Gateway" => ("gateways", None),
+        "HTTPRoute" => ("httpRoutes", None),
+        minimesh_control_plane::config::parse::K8S_GATEWAY_KIND => return Ok(()),
         _ => ("rules", Some("policy")),
     };
     let admin = state.control_plane_admin.to_string();
@@ -324,6 +373,29 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "vs.yaml: VirtualService istioinaction/simple-backend-vs: spec.http[0].mirror: mirroring is not implemented yet; this VirtualService is not applied"
+        );
+    }
+
+    #[test]
+    fn an_httproute_and_its_gateway_are_applied_and_described() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw}\nspec:\n  gatewayClassName: minimesh\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: web.example.com}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: web}\nspec:\n  parentRefs: [{name: gw}, {group: \"\", kind: Service, name: web}]\n  rules:\n  - matches: [{path: {value: /a}}, {path: {value: /b}}]\n    backendRefs: [{name: web, port: 80}]\n";
+        let v = validate_text(Path::new("routes.yaml"), text, "default").expect("valid");
+        let described: Vec<(String, String)> = v
+            .iter()
+            .map(|r| (r.kind().to_string(), r.describe()))
+            .collect();
+        assert_eq!(
+            described,
+            [
+                (
+                    "gateway.gateway.networking.k8s.io".to_string(),
+                    "serves http web.example.com:80".to_string()
+                ),
+                (
+                    "httproute".to_string(),
+                    "attaches to Gateway default/gw, Service default/web: 2 routes".to_string()
+                ),
+            ]
         );
     }
 }

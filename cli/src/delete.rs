@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use minimesh_control_plane::config::parse::ISTIO_RULE_KIND;
+use minimesh_control_plane::config::parse::{ISTIO_RULE_KIND, K8S_GATEWAY_KIND};
 use minimesh_control_plane::config::parse_documents;
 
 use crate::mesh::{wait_converged, MeshState};
@@ -20,7 +20,8 @@ pub struct DeleteArgs {
     #[arg(short = 'f', long = "filename", conflicts_with_all = ["kind", "names"])]
     pub files: Vec<PathBuf>,
     /// The kind: `destinationrule` (`dr`), `virtualservice` (`vs`),
-    /// `gateway` (`gw`) or `peerauthentication` (`pa`).
+    /// `gateway` (`gw`, Istio's), `httproute`,
+    /// `gateway.gateway.networking.k8s.io` or `peerauthentication` (`pa`).
     #[arg(required_unless_present = "files")]
     pub kind: Option<String>,
     /// The names of the objects of that kind.
@@ -41,6 +42,10 @@ fn kind_of(typed: &str) -> Option<&'static str> {
         "virtualservice" | "virtualservices" | "vs" => "virtualservice",
         "gateway" | "gateways" | "gw" => "gateway",
         "peerauthentication" | "peerauthentications" | "pa" => "peerauthentication",
+        "httproute" | "httproutes" => "httproute",
+        "gateway.gateway.networking.k8s.io" | "gateways.gateway.networking.k8s.io" => {
+            "gateway.gateway.networking.k8s.io"
+        }
         _ => return None,
     })
 }
@@ -53,6 +58,8 @@ fn kind_of_object(kind: &str) -> Option<&'static str> {
         "VirtualService" => "virtualservice",
         "Gateway" => "gateway",
         "PeerAuthentication" => "peerauthentication",
+        "HTTPRoute" => "httproute",
+        k if k == K8S_GATEWAY_KIND => "gateway.gateway.networking.k8s.io",
         _ => return None,
     })
 }
@@ -70,7 +77,7 @@ pub async fn run(home: PathBuf, args: DeleteArgs) -> anyhow::Result<()> {
             let Some(key) = doc.key else { continue };
             let Some(kind) = kind_of_object(key.kind) else {
                 bail!(
-                    "{}: {key}: minimesh delete takes DestinationRules, VirtualServices, Gateways and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are minimesh up's",
+                    "{}: {key}: minimesh delete takes DestinationRules, VirtualServices, Gateways, HTTPRoutes and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are minimesh up's",
                     f.display()
                 );
             };
@@ -79,7 +86,7 @@ pub async fn run(home: PathBuf, args: DeleteArgs) -> anyhow::Result<()> {
     }
     if let Some(typed) = &args.kind {
         let kind = kind_of(typed).ok_or_else(|| {
-            anyhow!("{typed:?} is not a kind minimesh delete takes (destinationrule, virtualservice, gateway, peerauthentication)")
+            anyhow!("{typed:?} is not a kind minimesh delete takes (destinationrule, virtualservice, gateway, httproute, gateway.gateway.networking.k8s.io, peerauthentication)")
         })?;
         let ns = args.namespace.clone().unwrap_or(state.namespace.clone());
         for n in &args.names {

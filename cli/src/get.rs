@@ -11,8 +11,9 @@ use crate::mesh::MeshState;
 pub enum What {
     /// DestinationRules with status, and rejected config.
     Rules,
-    /// VirtualServices (each route: match, destinations) and Gateways, with
-    /// status, and the rejected ones.
+    /// VirtualServices (each route: match, destinations), Gateways and
+    /// HTTPRoutes (their conditions per parent), with status, and the
+    /// rejected ones.
     Routes,
     /// Endpoints per cluster with policy, protocol, weight, zone and health.
     Endpoints,
@@ -279,6 +280,42 @@ fn routes_table(v: &serde_json::Value) {
             println!("  warning: {}", s(w));
         }
     }
+    let http_routes: Vec<_> = v["httpRoutes"].as_array().into_iter().flatten().collect();
+    if !http_routes.is_empty() {
+        println!(
+            "\n{:<16} {:<28} {:<40} CONDITIONS",
+            "NAMESPACE", "HTTPROUTE", "PARENT"
+        );
+        for r in http_routes {
+            for p in r["parents"].as_array().into_iter().flatten() {
+                let conditions: Vec<String> = p["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        format!(
+                            "{}={} ({})",
+                            s(&c["type"]),
+                            s(&c["status"]),
+                            s(&c["reason"])
+                        )
+                    })
+                    .collect();
+                println!(
+                    "{:<16} {:<28} {:<40} {}",
+                    s(&r["namespace"]),
+                    s(&r["name"]),
+                    s(&p["parentRef"]),
+                    conditions.join(", ")
+                );
+                for c in p["conditions"].as_array().into_iter().flatten() {
+                    if c["status"] == "False" {
+                        println!("  {}: {}", s(&c["type"]), s(&c["message"]));
+                    }
+                }
+            }
+        }
+    }
     let gateways: Vec<_> = v["gateways"].as_array().into_iter().flatten().collect();
     if !gateways.is_empty() {
         println!(
@@ -307,7 +344,9 @@ fn routes_table(v: &serde_json::Value) {
         .flatten()
         .filter(|e| {
             let o = s(&e["object"]);
-            o.starts_with("VirtualService ") || o.starts_with("Gateway ")
+            o.starts_with("VirtualService ")
+                || o.starts_with("Gateway")
+                || o.starts_with("HTTPRoute ")
         })
         .collect();
     if !refused.is_empty() {

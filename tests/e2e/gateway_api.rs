@@ -248,6 +248,27 @@ async fn the_conformance_suites_core_httproute_cases_hold() {
         .await
         .expect("answer");
     assert_eq!(status, 503);
+    let out = std::process::Command::new(bin("minimesh"))
+        .args(["get", "routes", "--control-plane-admin"])
+        .arg(net.cp_admin().to_string())
+        .output()
+        .expect("minimesh get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == [
+                    "default",
+                    "missing-backend",
+                    "Gateway",
+                    "default/same-namespace",
+                    "Accepted=True",
+                    "(Accepted),",
+                    "ResolvedRefs=False",
+                    "(BackendNotFound)"
+                ]),
+        "{text}"
+    );
     let conflicting = route("conflicting");
     assert_eq!(condition(&conflicting, 0, "Accepted")["status"], "False");
     assert_eq!(
