@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::wire::api_version;
+use super::wire::{api_version, stored_version, SERVED_VERSIONS};
 use super::{cluster_scoped, COLLECTIONS};
 
 /// The shipped CRD of a minimesh.io collection (`plural`).
@@ -70,13 +70,25 @@ pub fn discovery(path: &str, served: impl Fn(usize) -> bool) -> Option<Value> {
                 .iter()
                 .map(|(g, v)| {
                     let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-                    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+                    let mut versions = vec![gv.clone()];
+                    for (_, also, _) in SERVED_VERSIONS
+                        .iter()
+                        .filter(|(sg, _, st)| sg == g && st == v)
+                    {
+                        versions
+                            .push(json!({"groupVersion": format!("{g}/{also}"), "version": also}));
+                    }
+                    json!({"name": g, "versions": versions, "preferredVersion": gv})
                 })
                 .collect();
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["api", v] => Some(resource_list("", v, &served)),
-        ["apis", g, v] => Some(resource_list(g, v, &served)),
+        ["apis", g, v] => {
+            let mut list = resource_list(g, stored_version(g, v), &served);
+            list["groupVersion"] = api_version(g, v).into();
+            Some(list)
+        }
         _ => None,
     }
 }
@@ -110,19 +122,34 @@ pub fn openapi(path: &str, served: impl Fn(usize) -> bool) -> Option<Value> {
     if rest.is_empty() || rest == "/" {
         let mut paths = serde_json::Map::new();
         for c in &served {
-            let p = gv_path(*c);
-            paths.insert(
-                p.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=fake")}),
-            );
+            let (g, v, _, _) = COLLECTIONS[*c];
+            let also = SERVED_VERSIONS
+                .iter()
+                .filter(|(sg, _, st)| *sg == g && *st == v)
+                .map(|(_, a, _)| format!("apis/{g}/{a}"));
+            for p in std::iter::once(gv_path(*c)).chain(also) {
+                paths.insert(
+                    p.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=fake")}),
+                );
+            }
         }
         return Some(json!({ "paths": paths }));
     }
     let wanted = rest.trim_start_matches('/');
+    let (wanted_group, wanted_version) = match wanted.split('/').collect::<Vec<_>>().as_slice() {
+        ["apis", g, v] => (g.to_string(), v.to_string()),
+        ["api", v] => (String::new(), v.to_string()),
+        _ => return None,
+    };
+    let stored = stored_version(&wanted_group, &wanted_version);
     let mut paths = serde_json::Map::new();
-    for c in served.iter().filter(|c| gv_path(**c) == wanted) {
-        let (g, v, plural, kind) = COLLECTIONS[*c];
-        let gvk = json!({"group": g, "version": v, "kind": kind});
+    for c in served
+        .iter()
+        .filter(|c| COLLECTIONS[**c].0 == wanted_group && COLLECTIONS[**c].1 == stored)
+    {
+        let (g, _, plural, kind) = COLLECTIONS[*c];
+        let gvk = json!({"group": g, "version": wanted_version, "kind": kind});
         let item = if cluster_scoped(*c) {
             format!("/{wanted}/{plural}/{{name}}")
         } else {

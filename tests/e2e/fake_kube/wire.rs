@@ -55,12 +55,28 @@ pub fn api_version(group: &str, version: &str) -> String {
 /// What a request path addresses: collection, namespace, name, subresource.
 pub type Target = (usize, Option<String>, Option<String>, Option<String>);
 
+/// The versions a group also serves its collections in, converting to
+/// and from the one stored (as Istio's CRDs serve `v1alpha3` and `v1beta1`
+/// beside `v1`): (group, served version, stored version).
+pub const SERVED_VERSIONS: [(&str, &str, &str); 2] = [
+    ("networking.istio.io", "v1alpha3", "v1"),
+    ("networking.istio.io", "v1beta1", "v1"),
+];
+
+/// The stored version of `version` of `group`.
+pub fn stored_version<'a>(group: &str, version: &'a str) -> &'a str {
+    SERVED_VERSIONS
+        .iter()
+        .find(|(g, v, _)| *g == group && *v == version)
+        .map_or(version, |(_, _, stored)| stored)
+}
+
 /// `/api/v1/...` or `/apis/{group}/{version}/...` -> what it addresses.
 pub fn route(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match parts.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
-        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, stored_version(g, v), rest),
         _ => return None,
     };
     let (ns, rest) = match rest {
