@@ -63,6 +63,9 @@ pub struct Admin {
     pub config: RwLock<Arc<ConfigView>>,
     /// What each Kubernetes rule's status should say (read by the status writer).
     pub status: watch::Sender<Arc<crate::source::kubernetes::status::DesiredStatus>>,
+    /// What each HTTPRoute's status should say (read by its status writer).
+    pub route_status:
+        watch::Sender<Arc<crate::source::kubernetes::route_status::DesiredRouteStatus>>,
     /// Serve `/debug/*` to every caller, not only loopback ones
     /// (`--admin-debug`; see [`minimesh_proto::admin`]).
     pub debug_for_all: bool,

@@ -70,6 +70,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         snapshots: cache.subscribe(),
         config: RwLock::new(Arc::new(ConfigView::default())),
         status: watch::Sender::new(Arc::default()),
+        route_status: watch::Sender::new(Arc::default()),
         debug_for_all: args.admin_debug,
         draining: Default::default(),
         waiting_for: watch::Sender::new(Vec::new()),
@@ -203,6 +204,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             weights_tx.clone(),
         ));
         computes = leader_rx.clone();
+        tokio::spawn(source::kubernetes::route_status::run(
+            client.clone(),
+            admin.route_status.subscribe(),
+            leader_rx.clone(),
+        ));
         tokio::spawn(source::kubernetes::status::run(
             client,
             args.identity.clone(),
@@ -478,6 +484,14 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
         .send_replace(Arc::new(source::kubernetes::status::desired(
             store, &status,
         )));
+    admin.route_status.send_if_modified(|current| {
+        let next = translate::http_route_desired_status(store);
+        let changed = **current != next;
+        if changed {
+            *current = Arc::new(next);
+        }
+        changed
+    });
     let rules = store
         .rules
         .iter()

@@ -19,7 +19,7 @@ mod gateway_api;
 mod routes;
 mod security;
 
-pub use gateway_api::status as http_route_status;
+pub use gateway_api::{desired as http_route_desired_status, status as http_route_status};
 pub use routes::{subset_cluster_name, warnings as route_warnings};
 
 /// Everything sidecars are sent, by resource name.

@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's kinds ([`ISTIO`]) are served only when the fake is started with
 /// Istio's CRDs "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 17] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 19] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -87,9 +87,12 @@ const COLLECTIONS: [(&str, &str, &str, &str); 17] = [
         "VirtualService",
     ),
     ("networking.istio.io", "v1", "gateways", "Gateway"),
+    ("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
+    ("gateway.networking.k8s.io", "v1", "gateways", "Gateway"),
 ];
-/// Istio's collections: served only when the fake has Istio's CRDs.
-const ISTIO: [usize; 3] = [4, 15, 16];
+/// Istio's and the Gateway API's collections: served only when the fake
+/// has their CRDs.
+const ISTIO: [usize; 5] = [4, 15, 16, 17, 18];
 const WEBHOOKS: usize = 6;
 const MUTATING_WEBHOOKS: usize = 8;
 const NAMESPACES: usize = 9;
@@ -196,7 +199,7 @@ impl FakeKube {
     }
 
     /// The same; with `istio`, Istio's CRDs (DestinationRule, VirtualService,
-    /// Gateway) are installed too.
+    /// Gateway) and the Gateway API's (HTTPRoute, Gateway) are installed too.
     pub async fn start_with(addr: SocketAddr, istio: bool) -> FakeKube {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

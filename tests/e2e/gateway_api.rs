@@ -276,3 +276,90 @@ async fn the_conformance_suites_core_httproute_cases_hold() {
         "VirtualService default/routed routes Service default/routed: it takes precedence, and this route is not applied to it"
     );
 }
+
+/// On Kubernetes, the elected control plane writes each HTTPRoute's
+/// `status.parents` (its own entries, beside other controllers'), as the
+/// Gateway API defines them, and the real kubectl reads them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_writes_httproute_status_for_its_parents() {
+    use crate::admission::kubectl;
+    use crate::fake_kube::FakeKube;
+    use crate::kubernetes::{control_plane, service, slice};
+    let net = Net::new(141);
+    let fake = FakeKube::start_with(net.addr(250, 6443), true).await;
+    fake.apply(service("web"));
+    fake.apply(slice(&net, "web", &[(1, true)]));
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let objects = format!(
+        "{GATEWAY}---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: web}}\nspec:\n  parentRefs: [{{name: same-namespace}}, {{group: \"\", kind: Service, name: web, port: 80}}]\n  rules:\n  - backendRefs: [{{name: web, port: 80, weight: 9}}, {{name: web-v2, port: 80}}]\n"
+    );
+    let (ok, out, err) = kubectl(&net, &["apply", "-n", NS, "-f", "-"], Some(&objects)).await;
+    assert!(ok, "{out}{err}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let route = loop {
+        let r = fake
+            .get("gateway.networking.k8s.io/v1", "HTTPRoute", NS, "web")
+            .expect("the HTTPRoute");
+        if r["status"]["parents"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+        {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no status written: {r:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let parents = route["status"]["parents"].as_array().expect("parents");
+    for p in parents {
+        assert_eq!(p["controllerName"], "minimesh.io/gateway-controller");
+        let accepted = &p["conditions"][0];
+        assert_eq!(
+            (accepted["type"].as_str(), accepted["status"].as_str()),
+            (Some("Accepted"), Some("True")),
+            "{p:#}"
+        );
+        let resolved = &p["conditions"][1];
+        assert_eq!(resolved["reason"], "BackendNotFound", "{p:#}");
+        assert_eq!(
+            resolved["message"],
+            "no Service default/web-v2: its share of requests is answered 503"
+        );
+        assert!(resolved["lastTransitionTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')));
+    }
+    assert_eq!(parents[0]["parentRef"]["kind"], "Gateway");
+    assert_eq!(
+        parents[1]["parentRef"],
+        serde_json::json!({"group": "", "kind": "Service", "namespace": NS, "name": "web", "port": 80})
+    );
+    // The backend appears: ResolvedRefs turns True.
+    fake.apply(service("web-v2"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = fake
+            .get("gateway.networking.k8s.io/v1", "HTTPRoute", NS, "web")
+            .expect("the HTTPRoute");
+        if r["status"]["parents"][0]["conditions"][1]["status"] == "True" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ResolvedRefs never True: {r:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (ok, out, err) = kubectl(
+        &net,
+        &[
+            "get",
+            "httproute",
+            "web",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.status.parents[0].conditions[1].reason}",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "ResolvedRefs");
+}

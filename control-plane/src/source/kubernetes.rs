@@ -12,6 +12,7 @@
 //! selector only (`--namespace-selector`, as Istio's discoverySelectors).
 
 pub mod lease;
+pub mod route_status;
 pub mod secret;
 pub mod status;
 

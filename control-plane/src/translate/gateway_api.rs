@@ -177,9 +177,20 @@ fn condition(kind: &str, ok: bool, reason: &str, message: String) -> Value {
     json!({"type": kind, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message})
 }
 
-/// An HTTPRoute's status, as the Gateway API's `status.parents[]`: for each
-/// parent, `Accepted` and `ResolvedRefs` with their reasons.
-pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
+/// One parent's status: how `minimesh get routes` names it, the
+/// `parentRef` as the Gateway API writes it, and the conditions.
+pub struct ParentStatus {
+    /// `Gateway default/web`, `Service default/web`.
+    pub label: String,
+    /// `{group, kind, namespace, name[, sectionName][, port]}`.
+    pub parent_ref: Value,
+    /// `Accepted` and `ResolvedRefs`.
+    pub conditions: Vec<Value>,
+}
+
+/// An HTTPRoute's status for each of its parents, as the Gateway API's
+/// `status.parents[]`: `Accepted` and `ResolvedRefs` with their reasons.
+pub fn parents(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Vec<ParentStatus> {
     let mut missing = Vec::new();
     for (_, m) in &r.routes {
         if let RouteAction::Forward(backends) = &m.action {
@@ -220,12 +231,11 @@ pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
             .find(|(_, (v, _))| v.services.contains(s))
             .map(|(k, _)| format!("{}/{}", k.namespace, k.name))
     };
-    let parents: Vec<Value> = r
-        .parents
+    r.parents
         .iter()
         .map(|p| {
-            let (name, accepted) = match p {
-                Parent::Service(s, _) => {
+            let (label, parent_ref, accepted) = match p {
+                Parent::Service(s, port) => {
                     let skey = ObjectKey {
                         kind: "Service",
                         namespace: s.1.clone(),
@@ -243,7 +253,11 @@ pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
                     } else {
                         condition("Accepted", true, "Accepted", "routes the Service's traffic from the mesh".into())
                     };
-                    (format!("Service {}/{}", s.1, s.0), accepted)
+                    let mut parent_ref = json!({"group": "", "kind": "Service", "namespace": s.1, "name": s.0});
+                    if let Some(port) = port {
+                        parent_ref["port"] = json!(port);
+                    }
+                    (format!("Service {}/{}", s.1, s.0), parent_ref, accepted)
                 }
                 Parent::Gateway(gw, section, port) => {
                     let accepted = match listeners_of(store, gw, section.as_deref(), *port, &key.namespace) {
@@ -262,11 +276,31 @@ pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
                             }
                         }
                     };
-                    (format!("Gateway {}/{}", gw.0, gw.1), accepted)
+                    let mut parent_ref = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": gw.0, "name": gw.1});
+                    if let Some(s) = section {
+                        parent_ref["sectionName"] = json!(s);
+                    }
+                    if let Some(port) = port {
+                        parent_ref["port"] = json!(port);
+                    }
+                    (format!("Gateway {}/{}", gw.0, gw.1), parent_ref, accepted)
                 }
             };
-            json!({"parentRef": name, "controllerName": "minimesh.io/gateway-controller", "conditions": [accepted, resolved.clone()]})
+            ParentStatus {
+                label,
+                parent_ref,
+                conditions: vec![accepted, resolved.clone()],
+            }
         })
+        .collect()
+}
+
+/// An HTTPRoute as `/debug/config` lists it: its routes and each parent's
+/// conditions.
+pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
+    let parents: Vec<Value> = parents(store, key, r)
+        .into_iter()
+        .map(|p| json!({"parentRef": p.label, "controllerName": "minimesh.io/gateway-controller", "conditions": p.conditions}))
         .collect();
     json!({
         "namespace": key.namespace,
@@ -275,4 +309,20 @@ pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
         "routes": r.routes.iter().map(|(_, m)| crate::config::route::view(m)).collect::<Vec<_>>(),
         "parents": parents,
     })
+}
+
+/// What the status writer writes for every HTTPRoute: minimesh's
+/// `status.parents` entries.
+pub fn desired(store: &Store) -> crate::source::kubernetes::route_status::DesiredRouteStatus {
+    store
+        .http_routes
+        .iter()
+        .map(|(k, r)| {
+            let entries = parents(store, k, r)
+                .into_iter()
+                .map(|p| json!({"parentRef": p.parent_ref, "conditions": p.conditions}))
+                .collect();
+            (k.clone(), entries)
+        })
+        .collect()
 }
