@@ -434,7 +434,16 @@ async fn two_replicas_serve_and_one_elected_writes_status() {
         "backend",
         json!({"simple": "ROUND_ROBIN"}),
     ));
-    let lease = ["--lease-duration", "2s", "--lease-retry", "200ms"];
+    // No drain at SIGTERM (5 s by default on Kubernetes): the lease is
+    // given up once a replica's drain ends, and this test times that.
+    let lease = [
+        "--lease-duration",
+        "2s",
+        "--lease-retry",
+        "200ms",
+        "--termination-drain",
+        "0s",
+    ];
     let mut a = control_plane(&net, &fake, "cp-a", 254, &lease).await;
     wait_status(&fake, "backend-dr", |s| s["observedGeneration"] == 1).await;
     let patches = fake.count("PATCH-STATUS");
