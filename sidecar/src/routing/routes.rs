@@ -9,22 +9,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Method, StatusCode};
-use minimesh_proto::v1::{self, string_match::Kind};
+use http::StatusCode;
+use minimesh_proto::v1;
 
 use crate::retry::Conditions;
+
+mod actions;
+mod matching;
+use actions::status;
+pub use actions::{Fault, HeaderOps, Redirect, Rewrite};
+use matching::{starts_with, Match, StrMatch};
+pub use matching::{Matched, RequestView};
 
 /// The most routes one Service port may have, and the most matches,
 /// headers and destinations one route may have: config is bounded as any
 /// other input.
 pub const MAX_ROUTES: usize = 1024;
 const MAX_PARTS: usize = 64;
-/// Up to this many header names, a request's headers are scanned for the
-/// one a match names rather than looked up (see `Match::find`).
-const FEW_HEADERS: usize = 8;
-/// The compiled size a route's regular expression may take.
-const REGEX_SIZE_LIMIT: usize = 1 << 16;
 
 /// A Service port's routes, in order.
 #[derive(Debug)]
@@ -108,309 +109,6 @@ pub struct RouteRetry {
     pub per_try_timeout: Option<Duration>,
     /// When to retry; None: the cluster's.
     pub retry_on: Option<Conditions>,
-}
-
-/// Header changes.
-#[derive(Debug, Default)]
-pub struct HeaderOps {
-    set: Box<[(HeaderName, HeaderValue)]>,
-    add: Box<[(HeaderName, HeaderValue)]>,
-    remove: Box<[HeaderName]>,
-}
-
-/// A redirect.
-#[derive(Debug)]
-pub struct Redirect {
-    scheme: Option<String>,
-    host: Option<String>,
-    port: Option<u16>,
-    path: Option<String>,
-    prefix: Option<String>,
-    status: StatusCode,
-}
-
-/// A rewrite of what is sent upstream.
-#[derive(Debug)]
-pub struct Rewrite {
-    prefix: Option<String>,
-    path: Option<String>,
-    /// The authority sent upstream.
-    pub authority: Option<HeaderValue>,
-}
-
-/// Injected faults.
-#[derive(Debug, Clone, Copy)]
-pub struct Fault {
-    /// Share of requests delayed, out of 1,000,000.
-    delay_ppm: u32,
-    delay: Duration,
-    /// Share of requests aborted, out of 1,000,000.
-    abort_ppm: u32,
-    abort: StatusCode,
-}
-
-#[derive(Debug)]
-struct Match {
-    path: Option<StrMatch>,
-    headers: Box<[(HeaderName, Option<StrMatch>, bool)]>,
-    method: Option<Method>,
-    query: Box<[(String, Option<StrMatch>)]>,
-}
-
-#[derive(Debug)]
-enum StrMatch {
-    Exact(Box<str>),
-    Prefix(Box<str>),
-    /// Whole path segments; stored without a trailing `/` (except `/`).
-    PathPrefix(Box<str>),
-    /// The regex, and a literal every match starts with (checked first:
-    /// most values a route does not take fail there, for a fraction of
-    /// the regex's own cost).
-    Regex(Regex, Box<str>),
-}
-
-/// The literal text every match of `pattern` (RE2 syntax) starts with:
-/// its leading characters up to the first that is not a plain literal,
-/// less a last one a quantifier applies to; nothing for a pattern with an
-/// alternation or flags anywhere (conservative: a shorter prefix only
-/// costs the regex a call).
-fn literal_prefix(pattern: &str) -> &str {
-    if pattern.contains('|') || pattern.starts_with("(?") {
-        return "";
-    }
-    let meta = |c: char| "\\.+*?()[]{}^$".contains(c);
-    let end = pattern.find(meta).unwrap_or(pattern.len());
-    let lit = &pattern[..end];
-    match pattern[end..].chars().next() {
-        // The last literal character may occur zero times.
-        Some('?' | '*' | '{') => match lit.char_indices().last() {
-            Some((i, _)) => &lit[..i],
-            None => "",
-        },
-        _ => lit,
-    }
-}
-
-/// A route's regular expression, matched against a whole value: a dense
-/// DFA where one fits in [`DFA_SIZE_LIMIT`] (a match walks the value's
-/// bytes through a table, no cache to take), else the regex crate's lazy
-/// DFA.
-#[derive(Debug)]
-enum Regex {
-    Dense(Box<regex_automata::dfa::dense::DFA<Vec<u32>>>),
-    Lazy(regex::Regex),
-}
-
-/// The most memory one route regex's dense DFA may take.
-const DFA_SIZE_LIMIT: usize = 1 << 18;
-
-impl Regex {
-    fn new(pattern: &str) -> Result<Regex, String> {
-        use regex_automata::dfa::dense;
-        let whole = format!("^(?:{pattern})$");
-        // The lazy one first: its errors are the ones users know, and it
-        // bounds what the dense one is built from.
-        let lazy = regex::RegexBuilder::new(&whole)
-            .size_limit(REGEX_SIZE_LIMIT)
-            .build()
-            .map_err(|e| e.to_string())?;
-        let dense = dense::Builder::new()
-            .configure(
-                dense::DFA::config()
-                    .dfa_size_limit(Some(DFA_SIZE_LIMIT))
-                    .determinize_size_limit(Some(DFA_SIZE_LIMIT))
-                    .start_kind(regex_automata::dfa::StartKind::Anchored),
-            )
-            .build(&whole);
-        Ok(match dense {
-            Ok(d) => Regex::Dense(Box::new(d)),
-            Err(_) => Regex::Lazy(lazy),
-        })
-    }
-
-    #[inline]
-    fn is_match(&self, s: &str) -> bool {
-        use regex_automata::dfa::Automaton;
-        match self {
-            Regex::Dense(d) => {
-                let input = regex_automata::Input::new(s)
-                    .anchored(regex_automata::Anchored::Yes)
-                    .earliest(true);
-                matches!(d.try_search_fwd(&input), Ok(Some(_)))
-            }
-            Regex::Lazy(r) => r.is_match(s),
-        }
-    }
-}
-
-/// `s` starts with `p`. Paths share their first byte (`/`): the last byte
-/// of `p` is compared first, which rejects most other paths without a
-/// call to `memcmp`.
-#[inline]
-fn starts_with(s: &str, p: &str) -> bool {
-    let (s, p) = (s.as_bytes(), p.as_bytes());
-    match p.len() {
-        0 => true,
-        n => s.len() >= n && s[n - 1] == p[n - 1] && s[..n] == *p,
-    }
-}
-
-/// What the path match of the route a request took matched: the part a
-/// prefix rewrite replaces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Matched {
-    /// A prefix of this many bytes.
-    Prefix(usize),
-    /// The whole path.
-    Whole,
-}
-
-impl StrMatch {
-    fn compile(m: &v1::StringMatch, field: &str) -> Result<StrMatch, String> {
-        Ok(match m.kind.as_ref() {
-            None => return Err(format!("{field}: no exact, prefix or regex")),
-            Some(Kind::Exact(s)) => StrMatch::Exact(s.as_str().into()),
-            Some(Kind::Prefix(s)) => StrMatch::Prefix(s.as_str().into()),
-            Some(Kind::PathPrefix(s)) => {
-                let s = match s.trim_end_matches('/') {
-                    "" => "/",
-                    t => t,
-                };
-                StrMatch::PathPrefix(s.into())
-            }
-            Some(Kind::Regex(r)) => StrMatch::Regex(
-                Regex::new(r).map_err(|e| format!("{field}: regex {r:?}: {e}"))?,
-                literal_prefix(r).into(),
-            ),
-        })
-    }
-
-    /// Whether `s` matches, and what of it.
-    #[inline]
-    fn find(&self, s: &str) -> Option<Matched> {
-        match self {
-            StrMatch::Exact(e) => {
-                (s.len() == e.len() && starts_with(s, e)).then_some(Matched::Whole)
-            }
-            StrMatch::Prefix(p) => starts_with(s, p).then_some(Matched::Prefix(p.len())),
-            StrMatch::PathPrefix(p) => {
-                if !starts_with(s, p) {
-                    return None;
-                }
-                // `/` is kept as is (it matches every path); any other
-                // prefix ends at a segment's end.
-                let whole = p.len() == 1 || matches!(s.as_bytes().get(p.len()), None | Some(b'/'));
-                whole.then_some(Matched::Prefix(p.len()))
-            }
-            StrMatch::Regex(r, lit) => {
-                (starts_with(s, lit) && r.is_match(s)).then_some(Matched::Whole)
-            }
-        }
-    }
-}
-
-impl Match {
-    fn compile(m: &v1::RouteMatch, field: &str) -> Result<Match, String> {
-        if m.headers.len() > MAX_PARTS || m.query.len() > MAX_PARTS {
-            return Err(format!(
-                "{field}: more than {MAX_PARTS} header or query matches"
-            ));
-        }
-        let path = m
-            .path
-            .as_ref()
-            .map(|p| StrMatch::compile(p, &format!("{field}.path")))
-            .transpose()?;
-        let mut headers = Vec::with_capacity(m.headers.len());
-        for (i, h) in m.headers.iter().enumerate() {
-            let f = format!("{field}.headers[{i}]");
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| format!("{f}: {:?} is not a header name", h.name))?;
-            let value = h
-                .value
-                .as_ref()
-                .map(|v| StrMatch::compile(v, &f))
-                .transpose()?;
-            headers.push((name, value, h.invert));
-        }
-        let method = match m.method.as_str() {
-            "" => None,
-            s => Some(
-                Method::from_bytes(s.as_bytes())
-                    .map_err(|_| format!("{field}.method: {s:?} is not a method"))?,
-            ),
-        };
-        let mut query = Vec::with_capacity(m.query.len());
-        for (i, q) in m.query.iter().enumerate() {
-            let f = format!("{field}.query[{i}]");
-            let value = q
-                .value
-                .as_ref()
-                .map(|v| StrMatch::compile(v, &f))
-                .transpose()?;
-            query.push((q.name.clone(), value));
-        }
-        Ok(Match {
-            path,
-            headers: headers.into(),
-            method,
-            query: query.into(),
-        })
-    }
-
-    /// Whether the request meets this match, and what its path match matched.
-    #[inline]
-    fn find(&self, req: &RequestView<'_>) -> Option<Matched> {
-        if let Some(m) = &self.method {
-            if m != req.method {
-                return None;
-            }
-        }
-        let matched = match &self.path {
-            Some(p) => p.find(req.path)?,
-            None => Matched::Prefix(0),
-        };
-        for (name, value, invert) in self.headers.iter() {
-            let meets = |h: &HeaderValue| match value {
-                None => true,
-                Some(v) => h.to_str().is_ok_and(|s| v.find(s).is_some()),
-            };
-            // Most requests carry a few headers: comparing each name (by
-            // length first) costs less than hashing the one looked for.
-            let found = if req.headers.keys_len() <= FEW_HEADERS {
-                req.headers.iter().any(|(k, h)| k == name && meets(h))
-            } else {
-                req.headers.get_all(name).iter().any(meets)
-            };
-            if found == *invert {
-                return None;
-            }
-        }
-        for (name, value) in self.query.iter() {
-            let found = req.query.is_some_and(|q| {
-                q.split('&').any(|kv| {
-                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                    k == name && value.as_ref().is_none_or(|m| m.find(v).is_some())
-                })
-            });
-            if !found {
-                return None;
-            }
-        }
-        Some(matched)
-    }
-}
-
-/// The parts of a request a route matches on.
-pub struct RequestView<'a> {
-    /// The method.
-    pub method: &'a Method,
-    /// The path, without the query.
-    pub path: &'a str,
-    /// The query, without `?`.
-    pub query: Option<&'a str>,
-    /// The headers.
-    pub headers: &'a HeaderMap,
 }
 
 impl RouteTable {
@@ -543,45 +241,8 @@ impl RouteEntry {
                 .retry_on
                 .map(|bits| Conditions::new(bits, &rr.retriable_status_codes)),
         });
-        let rewrite = match &r.rewrite {
-            None => None,
-            Some(rw) => Some(Rewrite {
-                prefix: (!rw.prefix.is_empty()).then(|| rw.prefix.clone()),
-                path: (!rw.path.is_empty()).then(|| rw.path.clone()),
-                authority: match rw.authority.as_str() {
-                    "" => None,
-                    a => Some(
-                        HeaderValue::from_str(a)
-                            .ok()
-                            .filter(|_| a.parse::<http::uri::Authority>().is_ok())
-                            .ok_or_else(|| format!("rewrite.authority: {a:?} is not a host"))?,
-                    ),
-                },
-            }),
-        };
-        let fault = match &r.fault {
-            None => None,
-            Some(f) => {
-                let ppm = |p: f64, field: &str| {
-                    if !(0.0..=100.0).contains(&p) {
-                        return Err(format!(
-                            "fault.{field}: {p} is not a percentage from 0 to 100"
-                        ));
-                    }
-                    Ok((p * 10_000.0).round() as u32)
-                };
-                Some(Fault {
-                    delay_ppm: ppm(f.delay_percent, "delay_percent")?,
-                    delay: Duration::from_millis(f.delay_ms),
-                    abort_ppm: ppm(f.abort_percent, "abort_percent")?,
-                    abort: if f.abort_percent > 0.0 {
-                        status(f.abort_status, "fault.abort_status")?
-                    } else {
-                        StatusCode::OK
-                    },
-                })
-            }
-        };
+        let rewrite = r.rewrite.as_ref().map(Rewrite::compile).transpose()?;
+        let fault = r.fault.as_ref().map(Fault::compile).transpose()?;
         Ok(RouteEntry {
             name: r.name.as_str().into(),
             matches: matches.into(),
@@ -607,192 +268,6 @@ impl RouteEntry {
         let total = dests.last()?.upto;
         let at = draw % total;
         dests.iter().enumerate().find(|(_, d)| at < d.upto)
-    }
-}
-
-fn status(code: u32, field: &str) -> Result<StatusCode, String> {
-    u16::try_from(code)
-        .ok()
-        .and_then(|c| StatusCode::from_u16(c).ok())
-        .filter(|s| s.as_u16() >= 200)
-        .ok_or_else(|| format!("{field}: {code} is not an HTTP status"))
-}
-
-impl HeaderOps {
-    fn compile(ops: Option<&v1::HeaderOps>, field: &str) -> Result<HeaderOps, String> {
-        let Some(ops) = ops else {
-            return Ok(HeaderOps::default());
-        };
-        if ops.set.len() + ops.add.len() + ops.remove.len() > MAX_PARTS {
-            return Err(format!("{field}: more than {MAX_PARTS} header changes"));
-        }
-        let pairs = |list: &[v1::HeaderValue], what: &str| {
-            list.iter()
-                .map(|h| {
-                    let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
-                        format!("{field}.{what}: {:?} is not a header name", h.name)
-                    })?;
-                    let value = HeaderValue::from_str(&h.value).map_err(|_| {
-                        format!(
-                            "{field}.{what}: the value of {:?} is not a header value",
-                            h.name
-                        )
-                    })?;
-                    Ok((name, value))
-                })
-                .collect::<Result<Vec<_>, String>>()
-        };
-        let remove = ops
-            .remove
-            .iter()
-            .map(|n| {
-                HeaderName::from_bytes(n.as_bytes())
-                    .map_err(|_| format!("{field}.remove: {n:?} is not a header name"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(HeaderOps {
-            set: pairs(&ops.set, "set")?.into(),
-            add: pairs(&ops.add, "add")?.into(),
-            remove: remove.into(),
-        })
-    }
-
-    /// True when there is nothing to change.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
-    }
-
-    /// Applies the changes: set, then add, then remove.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for (n, v) in self.set.iter() {
-            headers.insert(n.clone(), v.clone());
-        }
-        for (n, v) in self.add.iter() {
-            headers.append(n.clone(), v.clone());
-        }
-        for n in self.remove.iter() {
-            headers.remove(n);
-        }
-    }
-}
-
-impl Redirect {
-    fn compile(r: &v1::Redirect) -> Result<Redirect, String> {
-        let status = match r.status {
-            0 => StatusCode::MOVED_PERMANENTLY,
-            301 | 302 | 303 | 307 | 308 => status(r.status, "redirect.status")?,
-            s => {
-                return Err(format!(
-                    "redirect.status: {s} is not 301, 302, 303, 307 or 308"
-                ))
-            }
-        };
-        if !matches!(r.scheme.as_str(), "" | "http" | "https") {
-            return Err(format!(
-                "redirect.scheme: {:?} is not http or https",
-                r.scheme
-            ));
-        }
-        let port = match r.port {
-            0 => None,
-            p => Some(u16::try_from(p).map_err(|_| format!("redirect.port: {p} is not a port"))?),
-        };
-        let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        Ok(Redirect {
-            scheme: nonempty(&r.scheme),
-            host: nonempty(&r.host),
-            port,
-            path: nonempty(&r.path),
-            prefix: nonempty(&r.prefix),
-            status,
-        })
-    }
-
-    /// The status and `Location` for a request to `authority` (`host[:port]`)
-    /// with `scheme`, `path` and `query`, whose route's path match matched
-    /// `matched`.
-    pub fn location(
-        &self,
-        scheme: &str,
-        authority: &str,
-        path: &str,
-        query: Option<&str>,
-        matched: Matched,
-    ) -> (StatusCode, String) {
-        let (req_host, req_port) = split_port(authority);
-        let scheme_out = self.scheme.as_deref().unwrap_or(scheme);
-        let host = self.host.as_deref().unwrap_or(req_host);
-        // The request's port goes with it only while the scheme stays.
-        let port = self
-            .port
-            .or(req_port.filter(|_| self.scheme.is_none() || scheme_out == scheme));
-        let default = if scheme_out == "https" { 443 } else { 80 };
-        let path = match (&self.path, &self.prefix) {
-            (Some(p), _) => p.clone(),
-            (None, Some(p)) => replace_prefix(path, p, matched),
-            (None, None) => path.to_string(),
-        };
-        let mut out = format!("{scheme_out}://{host}");
-        if let Some(p) = port.filter(|p| *p != default) {
-            out.push_str(&format!(":{p}"));
-        }
-        out.push_str(&path);
-        if let Some(q) = query {
-            out.push('?');
-            out.push_str(q);
-        }
-        (self.status, out)
-    }
-}
-
-impl Rewrite {
-    /// The path sent upstream for `path` (the query kept by the caller),
-    /// or None when the rewrite leaves it.
-    pub fn path(&self, path: &str, matched: Matched) -> Option<String> {
-        match (&self.path, &self.prefix) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(p)) => Some(replace_prefix(path, p, matched)),
-            (None, None) => None,
-        }
-    }
-}
-
-impl Fault {
-    /// The delay for a request drawing `draw` (uniform over u64).
-    #[inline]
-    pub fn delay(&self, draw: u64) -> Option<Duration> {
-        ((draw % 1_000_000) < u64::from(self.delay_ppm)).then_some(self.delay)
-    }
-
-    /// The abort status for a request drawing `draw`.
-    #[inline]
-    pub fn abort(&self, draw: u64) -> Option<StatusCode> {
-        (((draw >> 20) % 1_000_000) < u64::from(self.abort_ppm)).then_some(self.abort)
-    }
-}
-
-/// `path` with the part `matched` replaced by `with`: a prefix (one `/`
-/// kept between the two), or all of it.
-fn replace_prefix(path: &str, with: &str, matched: Matched) -> String {
-    let rest = match matched {
-        Matched::Whole => return with.to_string(),
-        Matched::Prefix(n) => path.get(n..).unwrap_or(""),
-    };
-    match (with.ends_with('/'), rest.starts_with('/')) {
-        (true, true) => format!("{with}{}", &rest[1..]),
-        _ if with.is_empty() && !rest.starts_with('/') => format!("/{rest}"),
-        _ => format!("{with}{rest}"),
-    }
-}
-
-fn split_port(authority: &str) -> (&str, Option<u16>) {
-    match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse() {
-            Ok(port) => (h, Some(port)),
-            Err(_) => (authority, None),
-        },
-        _ => (authority, None),
     }
 }
 
@@ -961,7 +436,7 @@ mod tests {
 
     #[test]
     fn rewrites_and_redirects_replace_what_the_match_matched() {
-        use super::replace_prefix;
+        use super::actions::replace_prefix;
         assert_eq!(
             replace_prefix("/foo/bar", "/xyz", Matched::Prefix(4)),
             "/xyz/bar"
@@ -999,7 +474,7 @@ mod tests {
 
     #[test]
     fn a_regexs_literal_prefix_is_what_every_match_starts_with() {
-        use super::literal_prefix;
+        use super::matching::literal_prefix;
         assert_eq!(literal_prefix("/reports/[0-9]+"), "/reports/");
         assert_eq!(literal_prefix("/reports?"), "/report");
         assert_eq!(literal_prefix("/a*b"), "/");
