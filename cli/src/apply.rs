@@ -41,12 +41,18 @@ pub struct Validated {
     pub route: String,
 }
 
+/// Istio's VirtualService or minimesh's.
+fn is_virtual_service(kind: &str) -> bool {
+    kind == "VirtualService"
+        || kind == minimesh_control_plane::config::parse::ISTIO_VIRTUAL_SERVICE_KIND
+}
+
 impl Validated {
     /// The kind as kubectl prints it (`destinationrule`).
     pub fn kind(&self) -> &'static str {
         match self.key.kind {
             "PeerAuthentication" => "peerauthentication",
-            "VirtualService" => "virtualservice",
+            k if is_virtual_service(k) => "virtualservice",
             "Gateway" => "gateway",
             "HTTPRoute" => "httproute",
             minimesh_control_plane::config::parse::K8S_GATEWAY_KIND => {
@@ -62,7 +68,7 @@ impl Validated {
         if self.key.kind == "PeerAuthentication" {
             return format!("mtls {}", self.policy);
         }
-        if self.key.kind == "VirtualService" {
+        if is_virtual_service(self.key.kind) {
             return format!("routes {}{}", self.policy, self.route);
         }
         if self.key.kind == "Gateway" {
@@ -314,7 +320,7 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
         // is `wait_converged`'s to wait for).
         "PeerAuthentication" => ("peerAuthentications", Some("mode")),
         // Listed: applied (what it routes is `describe`'s).
-        "VirtualService" => ("virtualServices", None),
+        k if is_virtual_service(k) => ("virtualServices", None),
         "Gateway" => ("gateways", None),
         "HTTPRoute" => ("httpRoutes", None),
         minimesh_control_plane::config::parse::K8S_GATEWAY_KIND => return Ok(()),

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use minimesh_control_plane::config::parse::{ISTIO_RULE_KIND, K8S_GATEWAY_KIND};
+use minimesh_control_plane::config::parse::{
+    ISTIO_RULE_KIND, ISTIO_VIRTUAL_SERVICE_KIND, K8S_GATEWAY_KIND,
+};
 use minimesh_control_plane::config::parse_documents;
 
 use crate::mesh::{wait_converged, MeshState};
@@ -56,6 +58,7 @@ fn kind_of_object(kind: &str) -> Option<&'static str> {
         "DestinationRule" => "destinationrule",
         k if k == ISTIO_RULE_KIND => "destinationrule",
         "VirtualService" => "virtualservice",
+        k if k == ISTIO_VIRTUAL_SERVICE_KIND => "virtualservice",
         "Gateway" => "gateway",
         "PeerAuthentication" => "peerauthentication",
         "HTTPRoute" => "httproute",

@@ -132,8 +132,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Print a CustomResourceDefinition (YAML) to install on Kubernetes, generated from the Rust types.
     Crds {
-        /// Which: `destinationrules` or `peerauthentications`.
-        #[arg(default_value = "destinationrules", value_parser = ["destinationrules", "peerauthentications"])]
+        /// Which: `destinationrules`, `peerauthentications` or `virtualservices`.
+        #[arg(default_value = "destinationrules", value_parser = ["destinationrules", "peerauthentications", "virtualservices"])]
         kind: String,
     },
 }

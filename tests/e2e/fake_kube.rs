@@ -39,7 +39,7 @@ type Body = BoxBody<Bytes, Infallible>;
 /// The collections the fake serves: (group, version, plural, kind).
 /// Istio's kinds ([`ISTIO`]) are served only when the fake is started with
 /// Istio's CRDs "installed".
-const COLLECTIONS: [(&str, &str, &str, &str); 19] = [
+const COLLECTIONS: [(&str, &str, &str, &str); 20] = [
     (
         "minimesh.io",
         "v1alpha1",
@@ -89,6 +89,12 @@ const COLLECTIONS: [(&str, &str, &str, &str); 19] = [
     ("networking.istio.io", "v1", "gateways", "Gateway"),
     ("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
     ("gateway.networking.k8s.io", "v1", "gateways", "Gateway"),
+    (
+        "minimesh.io",
+        "v1alpha1",
+        "virtualservices",
+        "VirtualService",
+    ),
 ];
 /// Istio's and the Gateway API's collections: served only when the fake
 /// has their CRDs.

@@ -1,10 +1,9 @@
 //! The CustomResourceDefinitions (`minimesh.io/v1alpha1`): `DestinationRule`,
 //! generated from the Rust types of the spec (`config::rule::RuleSpec`) and
-//! of the status written here, and `PeerAuthentication`
-//! (`config::security`). `crds/` holds the generated YAML; regenerate it
-//! with `cargo run -- crds destinationrules > crds/destinationrules.minimesh.io.yaml`
-//! and `cargo run -- crds peerauthentications > crds/peerauthentications.minimesh.io.yaml`
-//! (a test fails when either is stale).
+//! of the status written here, `PeerAuthentication` (`config::security`)
+//! and `VirtualService` (`config::virtual_service`). `crds/` holds the
+//! generated YAML; regenerate each with `cargo run -- crds KIND >
+//! crds/KIND.minimesh.io.yaml` (a test fails when one is stale).
 
 use kube::CustomResourceExt;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -82,6 +81,16 @@ pub(crate) fn any_object(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Schema of an Istio field minimesh reads only to refuse it by name: any
+/// value (an object, a list, a string), kept by the API server so that the
+/// validating webhook sees it and refuses it with the reason.
+pub(crate) fn any_value(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
 /// Schema of an Istio field minimesh accepts as a list of any objects.
 pub(crate) fn any_objects(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -93,14 +102,22 @@ pub(crate) fn any_objects(_: &mut SchemaGenerator) -> Schema {
 /// Path of the generated PeerAuthentication CRD.
 pub const PEER_AUTH_CRD_PATH: &str = "crds/peerauthentications.minimesh.io.yaml";
 
+/// Path of the generated VirtualService CRD.
+pub const VIRTUAL_SERVICE_CRD_PATH: &str = "crds/virtualservices.minimesh.io.yaml";
+
 /// The CRDs `minimesh crds <kind>` prints: (kind argument, file, YAML).
-pub fn crds() -> [(&'static str, &'static str, String); 2] {
+pub fn crds() -> [(&'static str, &'static str, String); 3] {
     [
         ("destinationrules", CRD_PATH, crd_yaml()),
         (
             "peerauthentications",
             PEER_AUTH_CRD_PATH,
             peer_auth_crd_yaml(),
+        ),
+        (
+            "virtualservices",
+            VIRTUAL_SERVICE_CRD_PATH,
+            virtual_service_crd_yaml(),
         ),
     ]
 }
@@ -122,6 +139,16 @@ pub fn peer_auth_crd_yaml() -> String {
         "security.rs",
         "peerauthentications",
         PEER_AUTH_CRD_PATH,
+    )
+}
+
+/// The VirtualService CRD as YAML, exactly as committed in `crds/`.
+pub fn virtual_service_crd_yaml() -> String {
+    generated(
+        super::virtual_service::VirtualServiceResource::crd(),
+        "virtual_service.rs",
+        "virtualservices",
+        VIRTUAL_SERVICE_CRD_PATH,
     )
 }
 
@@ -252,6 +279,32 @@ mod tests {
         assert!(lb["consistentHash"]["properties"]["maglev"]["description"]
             .as_str()
             .is_some_and(|d| !d.is_empty()));
+    }
+
+    #[test]
+    fn virtual_service_crd_is_structural_and_keeps_refused_fields() {
+        let crd: serde_json::Value =
+            serde_saphyr::from_str(&virtual_service_crd_yaml()).expect("CRD parses");
+        assert_eq!(crd["metadata"]["name"], "virtualservices.minimesh.io");
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "mvs");
+        let version = &crd["spec"]["versions"][0];
+        assert!(version["subresources"].is_null(), "no status is written");
+        let schema = &version["schema"]["openAPIV3Schema"];
+        let mut errors = Vec::new();
+        check_structural("", schema, &mut errors);
+        assert!(errors.is_empty(), "not structural: {errors:#?}");
+        // A field minimesh refuses is kept whatever its shape, so that the
+        // webhook sees it and says why (pruned, it would vanish silently).
+        let http = &schema["properties"]["spec"]["properties"]["http"]["items"]["properties"];
+        for refused in ["mirror", "mirrors", "corsPolicy", "delegate"] {
+            assert_eq!(
+                http[refused]["x-kubernetes-preserve-unknown-fields"], true,
+                "{refused}"
+            );
+        }
+        assert!(http["timeout"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("0.5s")));
     }
 
     #[test]

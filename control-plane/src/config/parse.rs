@@ -62,12 +62,21 @@ pub const PEER_AUTH_API_VERSIONS: [&str; 3] = [
 /// where both name one host, minimesh's own rule is the one applied.
 pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
 
+/// The kind under which Istio's VirtualServices are keyed, apart from
+/// minimesh's (`minimesh.io`, keyed `VirtualService`): it sorts after
+/// minimesh's, so that where both route one Service, minimesh's applies.
+pub const ISTIO_VIRTUAL_SERVICE_KIND: &str = "VirtualService.networking.istio.io";
+
+/// The API versions of minimesh's own VirtualService CRD.
+pub const MESH_VIRTUAL_SERVICE_API_VERSIONS: [&str; 1] = ["minimesh.io/v1alpha1"];
+
 /// Identity of an object: kind, namespace, name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
     /// `DestinationRule` (minimesh's), [`ISTIO_RULE_KIND`], `Service`,
-    /// `EndpointSlice`, `PeerAuthentication`, `Pod`, `VirtualService` or
-    /// `Gateway` (Istio's).
+    /// `EndpointSlice`, `PeerAuthentication`, `Pod`, `VirtualService`
+    /// (minimesh's), [`ISTIO_VIRTUAL_SERVICE_KIND`], `Gateway` (Istio's),
+    /// `HTTPRoute` or [`K8S_GATEWAY_KIND`].
     pub kind: &'static str,
     /// Namespace (`default` when unset).
     pub namespace: String,
@@ -298,7 +307,10 @@ fn parse_value(
         "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
         "PeerAuthentication" => ("PeerAuthentication", &PEER_AUTH_API_VERSIONS),
         "Pod" => ("Pod", &["v1"]),
-        "VirtualService" => ("VirtualService", &VIRTUAL_SERVICE_API_VERSIONS),
+        "VirtualService" if api_version.starts_with("minimesh.io/") => {
+            ("VirtualService", &MESH_VIRTUAL_SERVICE_API_VERSIONS)
+        }
+        "VirtualService" => (ISTIO_VIRTUAL_SERVICE_KIND, &VIRTUAL_SERVICE_API_VERSIONS),
         // Istio's; the Gateway API's (gateway.networking.k8s.io) is not read yet.
         "Gateway" if api_version.starts_with("networking.istio.io/") => {
             ("Gateway", &GATEWAY_API_VERSIONS)
@@ -335,7 +347,8 @@ fn parse_value(
             return;
         }
     };
-    let object = format!("{kind_static} {namespace}/{name}");
+    // Named as written (`DestinationRule`, not the key of Istio's).
+    let object = format!("{kind} {namespace}/{name}");
     let key = ObjectKey {
         kind: kind_static,
         namespace,
@@ -387,11 +400,13 @@ fn parse_value(
             Ok(Object::PeerAuth(Arc::new(p), mode))
         }),
         "Pod" => typed::<Pod>(value).map(|p| Object::Pod(Arc::new(p))),
-        "VirtualService" => typed::<VirtualService>(value).and_then(|v| {
-            let valid = virtual_service::validate(v, &key.namespace)
-                .map_err(|(field, reason)| (Some(field), reason))?;
-            Ok(Object::VirtualService(Arc::new(valid)))
-        }),
+        "VirtualService" | ISTIO_VIRTUAL_SERVICE_KIND => {
+            typed::<VirtualService>(value).and_then(|v| {
+                let valid = virtual_service::validate(v, &key.namespace)
+                    .map_err(|(field, reason)| (Some(field), reason))?;
+                Ok(Object::VirtualService(Arc::new(valid)))
+            })
+        }
         K8S_GATEWAY_KIND => typed::<gateway_api::Gateway>(value).and_then(|g| {
             let valid = gateway_api::validate_gateway(&g)
                 .map_err(|(field, reason)| (Some(field), reason))?;

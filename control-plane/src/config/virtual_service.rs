@@ -6,8 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::crd::any_value;
 
 use super::kube::ObjectMeta;
 use super::route::HttpRoute as ModelRoute;
@@ -24,7 +27,7 @@ pub const VIRTUAL_SERVICE_API_VERSIONS: [&str; 3] = [
 ];
 
 /// A VirtualService as written.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualService {
     /// `networking.istio.io/v1`, `v1beta1` or `v1alpha3`.
@@ -38,9 +41,31 @@ pub struct VirtualService {
 }
 
 /// `spec`: every field of Istio's; those minimesh does not implement are
-/// read only to be refused by name.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+/// read only to be refused by name. On Kubernetes it is also the spec of
+/// the `minimesh.io/v1alpha1` CRD (`crds/`), generated from these types.
+// Each print column repeats `type_ = "string"`: that is the attribute's shape.
+#[allow(clippy::duplicated_attributes)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema, kube::CustomResource,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[kube(
+    group = "minimesh.io",
+    version = "v1alpha1",
+    kind = "VirtualService",
+    root = "VirtualServiceResource",
+    namespaced,
+    shortname = "mvs",
+    category = "minimesh",
+    doc = "HTTP routes of Services and of Gateways' hosts: Istio's VirtualService spec, read into minimesh's route model (docs/routes.md).",
+    printcolumn(name = "Gateways", type_ = "string", json_path = ".spec.gateways"),
+    printcolumn(name = "Hosts", type_ = "string", json_path = ".spec.hosts"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 pub struct VirtualServiceSpec {
     /// The Services whose traffic the routes apply to.
     #[serde(default)]
@@ -52,18 +77,21 @@ pub struct VirtualServiceSpec {
     #[serde(default)]
     pub http: Vec<HttpRoute>,
     /// TCP routes (not implemented).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub tcp: Option<Value>,
     /// TLS routes (not implemented).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub tls: Option<Value>,
     /// Namespaces that see it (not implemented).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub export_to: Option<Value>,
 }
 
 /// `spec.http[]`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRoute {
     /// A name for logs.
@@ -88,7 +116,8 @@ pub struct HttpRoute {
     #[serde(default)]
     pub direct_response: Option<DirectResponse>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub delegate: Option<Value>,
     /// The path and authority sent upstream.
     #[serde(default)]
@@ -97,19 +126,24 @@ pub struct HttpRoute {
     #[serde(default)]
     pub fault: Option<HttpFault>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub mirror: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub mirrors: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub mirror_percentage: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub mirror_percent: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub cors_policy: Option<Value>,
     /// Header changes of every destination.
     #[serde(default)]
@@ -117,7 +151,7 @@ pub struct HttpRoute {
 }
 
 /// `spec.http[].route[]`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RouteDestination {
     /// The Service (and port) requests go to.
@@ -131,7 +165,7 @@ pub struct RouteDestination {
 }
 
 /// `spec.http[].route[].destination`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Destination {
     /// A Service: `name`, `name.namespace`, `name.namespace.svc.cluster.local`.
@@ -145,7 +179,7 @@ pub struct Destination {
 }
 
 /// `destination.port`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PortSelector {
     /// The port number.
@@ -153,7 +187,7 @@ pub struct PortSelector {
 }
 
 /// `spec.http[].retries`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRetry {
     /// Retries after the first attempt (0: none; at most 10).
@@ -166,12 +200,13 @@ pub struct HttpRetry {
     #[serde(default)]
     pub retry_on: Option<String>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub retry_remote_localities: Option<Value>,
 }
 
 /// `spec.http[].match[]`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpMatchRequest {
     /// A name for logs.
@@ -196,30 +231,37 @@ pub struct HttpMatchRequest {
     #[serde(default)]
     pub port: Option<u32>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub scheme: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub authority: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub source_labels: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub gateways: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub ignore_uri_case: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub source_namespace: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub stat_prefix: Option<Value>,
 }
 
 /// Istio's `StringMatch`: one of `exact`, `prefix`, `regex` (none: present).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StringMatch {
     /// Equal.
@@ -234,7 +276,7 @@ pub struct StringMatch {
 }
 
 /// `headers` of a route or destination.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Headers {
     /// Changes on the request.
@@ -246,7 +288,7 @@ pub struct Headers {
 }
 
 /// `set`, `add`, `remove`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderOperations {
     /// Replace.
@@ -261,7 +303,7 @@ pub struct HeaderOperations {
 }
 
 /// `rewrite`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRewrite {
     /// Replaces the part the `uri` prefix match matched (the whole path otherwise).
@@ -271,12 +313,13 @@ pub struct HttpRewrite {
     #[serde(default)]
     pub authority: Option<String>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub uri_regex_rewrite: Option<Value>,
 }
 
 /// `redirect`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRedirect {
     /// Replaces the path.
@@ -295,23 +338,25 @@ pub struct HttpRedirect {
     #[serde(default)]
     pub redirect_code: Option<u32>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub derive_port: Option<Value>,
 }
 
 /// `directResponse`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DirectResponse {
     /// The status.
     pub status: u32,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub body: Option<Value>,
 }
 
 /// `fault`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpFault {
     /// Delays.
@@ -323,7 +368,7 @@ pub struct HttpFault {
 }
 
 /// `fault.delay`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FaultDelay {
     /// How long.
@@ -336,12 +381,13 @@ pub struct FaultDelay {
     #[serde(default)]
     pub percent: Option<i64>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub exponential_delay: Option<Value>,
 }
 
 /// `fault.abort`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FaultAbort {
     /// The status.
@@ -351,15 +397,17 @@ pub struct FaultAbort {
     #[serde(default)]
     pub percentage: Option<Percent>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub grpc_status: Option<Value>,
     /// Not implemented.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
     pub http2_error: Option<Value>,
 }
 
 /// `{value: 12.5}`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Percent {
     /// 0 to 100.

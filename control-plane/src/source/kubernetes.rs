@@ -71,6 +71,15 @@ pub fn watched(pods: bool) -> Vec<Watched> {
         },
         Watched {
             resource: ar(
+                "minimesh.io",
+                "v1alpha1",
+                "VirtualService",
+                "virtualservices",
+            ),
+            required: false,
+        },
+        Watched {
+            resource: ar(
                 "networking.istio.io",
                 "v1",
                 "VirtualService",
@@ -535,6 +544,9 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "EndpointSlice" => "EndpointSlice",
         "PeerAuthentication" => "PeerAuthentication",
         "Pod" => "Pod",
+        "VirtualService" if resource.group == "networking.istio.io" => {
+            crate::config::parse::ISTIO_VIRTUAL_SERVICE_KIND
+        }
         "VirtualService" => "VirtualService",
         "Gateway" if resource.group == "networking.istio.io" => "Gateway",
         "Gateway" => crate::config::parse::K8S_GATEWAY_KIND,
