@@ -298,6 +298,17 @@ impl Mesh {
         for (name, port, target) in mesh.services.clone() {
             mesh.write_service(&name, port, target, false)?;
         }
+        // The topology's ingress hosts, as the Gateway and VirtualServices
+        // users would write (a Service's file name has no dot).
+        if let Some(y) = (topo.spec.ingress.as_ref()).and_then(|i| gateway::ingress_objects(&ns, i))
+        {
+            let file = mesh
+                .state
+                .config_dir
+                .join("services")
+                .join("ingress.routes.yaml");
+            write_atomic(&file, &y)?;
+        }
         let cp = binary("control-plane")?;
         let s = mesh.state.clone();
         mesh.spawn(

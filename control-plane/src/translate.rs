@@ -665,6 +665,50 @@ mod tests {
     }
 
     #[test]
+    fn an_applied_gateway_host_takes_the_place_of_the_topologys_own() {
+        let web = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{name: http, port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: canary}\nspec: {ports: [{name: http, port: 80}]}\n";
+        let gateway = |name: &str, labels: &str| {
+            format!("---\napiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: {name}{labels}}}\nspec:\n  selector: {{istio: ingressgateway}}\n  servers: [{{port: {{number: 80, name: http, protocol: HTTP}}, hosts: [web.example]}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}{labels}}}\nspec:\n  hosts: [web.example]\n  gateways: [{name}]\n  http: [{{route: [{{destination: {{host: {}}}}}]}}]\n", if labels.is_empty() { "canary" } else { "web" })
+        };
+        // `a-ingress` sorts first: order is not what decides.
+        let made = gateway(
+            "a-ingress",
+            ", labels: {minimesh.io/from-topology: ingress}",
+        );
+        let backend = |s: &Store| {
+            let (res, _) = translate(s, &BTreeMap::new());
+            let hosts: Vec<(String, String)> = res
+                .routes
+                .iter()
+                .filter(|(_, r)| r.service == "web.example")
+                .map(|(k, r)| {
+                    (
+                        k.clone(),
+                        r.ports[0].http_routes[0].clusters[0].cluster.clone(),
+                    )
+                })
+                .collect();
+            hosts
+        };
+        let alone = store(&format!("{web}{made}"));
+        assert_eq!(
+            backend(&alone),
+            [(
+                "default/a-ingress|web.example".to_string(),
+                "web.default.svc.cluster.local:80".to_string()
+            )]
+        );
+        let both = store(&format!("{web}{made}{}", gateway("book", "")));
+        assert_eq!(
+            backend(&both),
+            [(
+                "default/book|web.example".to_string(),
+                "canary.default.svc.cluster.local:80".to_string()
+            )]
+        );
+    }
+
+    #[test]
     fn hosts_resolve() {
         assert_eq!(resolve_host("b", "ns"), Some(("b".into(), "ns".into())));
         assert_eq!(

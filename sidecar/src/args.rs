@@ -119,7 +119,9 @@ pub struct Args {
     /// `simple-web.istioinaction.io=simple-web.default`. In gateway mode these
     /// (and `--default-route`) are the only hosts served: a Host naming an
     /// internal Service (`backend.default.svc.cluster.local`) is answered 404
-    /// without reaching it.
+    /// without reaching it. A static fallback for a gateway whose hosts no
+    /// Gateway object gives (a cluster with neither Istio's nor the Gateway
+    /// API's CRDs); `minimesh up` gives its ingress Gateway objects instead.
     #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
     pub routes: Vec<(String, String)>,
     /// The gateway's labels, `KEY=VALUE` (repeatable): Istio Gateways whose

@@ -216,7 +216,28 @@ async fn seed_walkthrough_up_curl_apply_get() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let routes = || {
+        let out = Command::new(bin("minimesh"))
+            .args(["--home", &home, "get", "routes"])
+            .output()
+            .expect("get routes");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The topology's ingress hosts are a Gateway and VirtualServices too.
+    let text = routes();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("istioinaction    ingress-simple-web ")),
+        "{text}"
+    );
     let text = apply("examples/routes/simple-web-gateway.yaml");
+    let yielded = "  warning: spec.hosts: simple-web.istioinaction.io is routed by VirtualService istioinaction/simple-web-vs-for-gateway, applied for the same gateways; this one takes it back when that one goes";
+    assert!(routes().contains(yielded), "{}", routes());
     assert_eq!(
         text.trim(),
         "gateway istioinaction/simple-web-gateway applied: serves simple-web.istioinaction.io:80\nvirtualservice istioinaction/simple-web-vs-for-gateway applied: routes simple-web.istioinaction.io at istioinaction/simple-web-gateway: 1 route",
@@ -266,6 +287,7 @@ async fn seed_walkthrough_up_curl_apply_get() {
         .await
         .expect("ingress");
     assert_eq!(status, 200, "the topology's own host again");
+    assert!(!routes().contains(yielded), "{}", routes());
 
     // SIGTERM stops everything: no process of the mesh is left.
     up.signal("TERM");

@@ -26,6 +26,12 @@ pub const VIRTUAL_SERVICE_API_VERSIONS: [&str; 3] = [
     "networking.istio.io/v1alpha3",
 ];
 
+/// The label `minimesh up` puts on the Gateway and VirtualServices it
+/// makes of a topology's `ingress.hosts` (value: the topology's file): a
+/// host that an applied VirtualService also routes at the same gateways is
+/// the applied one's.
+pub const FROM_TOPOLOGY: &str = "minimesh.io/from-topology";
+
 /// A VirtualService as written.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

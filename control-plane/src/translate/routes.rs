@@ -12,7 +12,7 @@ use super::Resources;
 use crate::config::parse::ObjectKey;
 use crate::config::route::{self, HttpRoute, RouteAction};
 use crate::config::rule::Subset;
-use crate::config::virtual_service::ValidVirtualService;
+use crate::config::virtual_service::{ValidVirtualService, FROM_TOPOLOGY};
 use crate::store::Store;
 
 /// The name of a subset's cluster: the port's cluster's and the subset's.
@@ -316,9 +316,16 @@ pub fn gateway_route_key(gateway: &(String, String), host: &str) -> String {
 
 /// Puts every host a Gateway binds and a VirtualService bound to it routes
 /// into the routes, as the gateways that Gateway selects serve them.
+/// A host bound at the same gateways (Gateways with one selector) by more
+/// than one VirtualService goes to the first: those applied before those
+/// `minimesh up` made of a topology's `ingress.hosts` ([`FROM_TOPOLOGY`]),
+/// so that the book's Gateway takes the place of the topology's own host.
 pub fn apply_gateways(store: &Store, out: &mut Resources) {
     let none = (String::new(), String::new());
-    for (vkey, (v, _)) in &store.virtual_services {
+    let made = |v: &ValidVirtualService| made_of_topology(v);
+    let applied = store.virtual_services.iter().filter(|(_, (v, _))| !made(v));
+    let generated = store.virtual_services.iter().filter(|(_, (v, _))| made(v));
+    for (vkey, (v, _)) in applied.chain(generated) {
         for gw in &v.gateways {
             let key = ObjectKey {
                 kind: "Gateway",
@@ -339,6 +346,14 @@ pub fn apply_gateways(store: &Store, out: &mut Resources) {
                 let rkey = gateway_route_key(gw, host);
                 if out.routes.contains_key(&rkey) {
                     continue; // the first VirtualService in order has it (the store refused others)
+                }
+                let selector: std::collections::HashMap<String, String> =
+                    g.selector.clone().into_iter().collect();
+                let taken = out.routes.values().any(|r| {
+                    !r.gateway.is_empty() && r.service == *host && r.gateway_selector == selector
+                });
+                if taken && made(v) {
+                    continue;
                 }
                 let here: Vec<HttpRoute> = v
                     .routes
@@ -364,12 +379,53 @@ pub fn apply_gateways(store: &Store, out: &mut Resources) {
                         default_port: *port,
                         cluster_ips: vec![],
                         gateway: format!("{}/{}", gw.0, gw.1),
-                        gateway_selector: g.selector.clone().into_iter().collect(),
+                        gateway_selector: selector,
                     },
                 );
             }
         }
     }
+}
+
+/// Whether `minimesh up` made it of a topology's `ingress.hosts`.
+fn made_of_topology(v: &ValidVirtualService) -> bool {
+    v.virtual_service
+        .metadata
+        .labels
+        .contains_key(FROM_TOPOLOGY)
+}
+
+/// The hosts of a VirtualService made of a topology that an applied one
+/// routes at the same gateways (Gateways with the same selector), each with
+/// that one's key.
+fn yielded<'a>(store: &'a Store, v: &ValidVirtualService) -> Vec<(&'a str, &'a ObjectKey)> {
+    let selector = |gw: &(String, String)| {
+        let key = ObjectKey {
+            kind: "Gateway",
+            namespace: gw.0.clone(),
+            name: gw.1.clone(),
+        };
+        store.gateways.get(&key).map(|g| &g.selector)
+    };
+    let ours: Vec<_> = v.gateways.iter().filter_map(selector).collect();
+    let mut out = Vec::new();
+    for (okey, (o, _)) in &store.virtual_services {
+        if made_of_topology(o)
+            || !o
+                .gateways
+                .iter()
+                .filter_map(selector)
+                .any(|s| ours.contains(&s))
+        {
+            continue;
+        }
+        for h in &o.gateway_hosts {
+            if v.gateway_hosts.contains(h) {
+                out.push((h.as_str(), okey));
+            }
+        }
+    }
+    out
 }
 
 /// What keeps a VirtualService from doing all it says, for its status:
@@ -398,6 +454,14 @@ pub fn warnings(store: &Store, vkey: &ObjectKey, v: &ValidVirtualService) -> Vec
                     }
                 }
             }
+        }
+    }
+    if made_of_topology(v) {
+        for (h, other) in yielded(store, v) {
+            out.push(format!(
+                "spec.hosts: {h} is routed by VirtualService {}/{}, applied for the same gateways; this one takes it back when that one goes",
+                other.namespace, other.name
+            ));
         }
     }
     let mut seen = std::collections::BTreeSet::new();

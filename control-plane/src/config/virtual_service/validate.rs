@@ -66,8 +66,17 @@ pub fn validate(vs: VirtualService, namespace: &str) -> Result<ValidVirtualServi
     let mut services = Vec::new();
     let mut gateway_hosts = Vec::new();
     for (i, h) in spec.hosts.iter().enumerate() {
+        // `*` alone, at Gateways only: any host their servers bind that no
+        // other VirtualService routes (the gateway's catch-all).
+        if h == "*" && !mesh && !gateways.is_empty() {
+            gateway_hosts.push(h.clone());
+            continue;
+        }
         if h.contains('*') {
-            return Err(not_yet(format!("spec.hosts[{i}]"), "a wildcard host"));
+            return Err(not_yet(
+                format!("spec.hosts[{i}]"),
+                "a wildcard host (other than `*` alone, at Gateways only)",
+            ));
         }
         if !gateways.is_empty() {
             if !is_host_name(h, false) {
@@ -579,7 +588,7 @@ mod tests {
             (
                 "  hosts: [\"*.istioinaction.io\"]\n  gateways: [simple-web-gateway]\n  http:\n  - route:\n    - destination: {host: simple-web}\n".to_string(),
                 "spec.hosts[0]",
-                "a wildcard host is not implemented yet",
+                "a wildcard host (other than `*` alone, at Gateways only) is not implemented yet",
             ),
             (
                 format!("{route}    match: [{{sourceLabels: {{app: web}}}}]\n"),
