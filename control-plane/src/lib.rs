@@ -125,7 +125,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let scope = source::kubernetes::Scope {
             namespaces: args.watch_namespaces.clone(),
             selector: args.namespace_selector.clone(),
-            pods: ca.is_some(),
         };
         scope.check(&client).await?;
         tokio::spawn(source::kubernetes::run(

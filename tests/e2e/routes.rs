@@ -391,3 +391,74 @@ async fn kubectl_applies_the_books_gateway_and_deletes_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// On Kubernetes, a subset selects endpoints by the labels of their Pods,
+/// meshed or not (the control plane watches every Pod, with no CA too),
+/// and follows a Pod's labels as they change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kubernetes_subsets_select_unmeshed_pods_by_their_labels() {
+    use crate::fake_kube::FakeKube;
+    use crate::kubernetes::{control_plane, service, slice};
+    let net = Net::new(143);
+    let fake = FakeKube::start_with(net.addr(250, 6443), true).await;
+    let _v1 = net.backend(1, &[]).await;
+    let _v2 = net.backend(2, &[]).await;
+    fake.apply(service("backend"));
+    fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
+    let pod = |h: u8, version: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("backend-{h}"), "namespace": NS,
+                         "labels": {"app": "backend", "version": version}},
+            "spec": {"containers": [{"name": "app", "image": "backend"}]},
+            "status": {"podIP": net.ip(h).to_string()}
+        })
+    };
+    fake.apply(pod(1, "v1"));
+    fake.apply(pod(2, "v2"));
+    let to_v2 = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: backend}\nspec:\n  hosts: [backend]\n  http:\n  - route: [{destination: {host: backend, subset: v2}}]\n";
+    for doc in [RULE, to_v2] {
+        let mut v: serde_json::Value = serde_saphyr::from_str(doc).expect("YAML");
+        v["metadata"]["namespace"] = NS.into();
+        fake.apply(v);
+    }
+    let _cp = control_plane(&net, &fake, "cp-0", 254, &[]).await;
+    let _sc = net.sidecar(100, &[]).await;
+    let (v1, v2) = (net.addr(1, 9090).to_string(), net.addr(2, 9090).to_string());
+    let mut c = Conn::open(net.addr(100, 15001)).await.expect("connect");
+    // Routed to v2's pod only.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, ep) = c.get_with("backend", "/", &[]).await.expect("answer");
+        if status == 200 && ep.as_deref() == Some(v2.as_str()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never routed: {status} {ep:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..50 {
+        let (status, ep) = c.get_with("backend", "/", &[]).await.expect("answer");
+        assert_eq!(
+            (status, ep.as_deref()),
+            (200, Some(v2.as_str())),
+            "request {i}"
+        );
+    }
+    // Pod backend-1 relabelled v2: the subset now has both.
+    fake.apply(pod(1, "v2"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, ep) = c.get_with("backend", "/", &[]).await.expect("answer");
+        assert_eq!(status, 200);
+        if ep.as_deref() == Some(v1.as_str()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "backend-1 never joined subset v2"
+        );
+    }
+}

@@ -41,12 +41,11 @@ pub struct Watched {
     pub required: bool,
 }
 
-/// The label selector of the Pods watched: those that run a sidecar
-/// (their endpoints are called over mutual TLS).
-pub const MESHED_PODS: &str = "minimesh.io/proxy=sidecar";
-
-/// The kinds minimesh watches (Pods too, with a CA: `pods`).
-pub fn watched(pods: bool) -> Vec<Watched> {
+/// The kinds minimesh watches. Pods are all watched, meshed or not: their
+/// labels choose DestinationRule subsets' endpoints; those that run a
+/// sidecar (`minimesh.io/proxy=sidecar`), with a CA, are called over
+/// mutual TLS.
+pub fn watched() -> Vec<Watched> {
     let ar = |group: &str, version: &str, kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     };
@@ -125,13 +124,11 @@ pub fn watched(pods: bool) -> Vec<Watched> {
             ),
             required: false,
         },
+        Watched {
+            resource: ar("", "v1", "Pod", "pods"),
+            required: true,
+        },
     ]
-    .into_iter()
-    .chain(pods.then(|| Watched {
-        resource: ar("", "v1", "Pod", "pods"),
-        required: true,
-    }))
-    .collect()
 }
 
 /// Which namespaces the control plane serves.
@@ -143,9 +140,6 @@ pub struct Scope {
     /// (kubectl's `-l` syntax, evaluated by the API server on a watch of
     /// Namespaces).
     pub selector: Option<String>,
-    /// Watch the Pods that run a sidecar ([`MESHED_PODS`]): with a CA,
-    /// their endpoints are called over mutual TLS.
-    pub pods: bool,
 }
 
 impl Scope {
@@ -377,7 +371,7 @@ pub async fn run(
     pending: watch::Sender<Vec<String>>,
 ) {
     let mut sources = Vec::new();
-    for w in watched(scope.pods) {
+    for w in watched() {
         if !w.required {
             pending.send_replace(vec![format!("API discovery of {}", w.resource.api_version)]);
         }
@@ -419,9 +413,6 @@ pub async fn run(
         let mut config = watcher::Config::default();
         if resource.kind == "Namespace" {
             config = config.labels(scope.selector.as_deref().unwrap_or_default());
-        }
-        if resource.kind == "Pod" {
-            config = config.labels(MESHED_PODS);
         }
         let events_tx = events_tx.clone();
         let kind = format!(
@@ -517,7 +508,16 @@ fn apply(
             let previous = key.as_ref().and_then(|k| state.current.get(k));
             match entry_of(resource, &obj, previous) {
                 Some((key, entry)) => {
+                    // An update of nothing minimesh reads (a Pod's status,
+                    // the status the leader wrote) changes nothing.
+                    let same = matches!(
+                        (&entry, state.current.get(&key)),
+                        (Entry::Plain(a), Some(Entry::Plain(b))) if a == b
+                    );
                     state.current.insert(key, entry);
+                    if same {
+                        return false;
+                    }
                 }
                 None => {
                     if let Some(k) = key {

@@ -237,7 +237,7 @@ pub async fn run(
     mut desired: watch::Receiver<Arc<DesiredStatus>>,
     mut leader: watch::Receiver<bool>,
 ) {
-    let resource = super::watched(false)
+    let resource = super::watched()
         .into_iter()
         .map(|w| w.resource)
         .find(|r| r.api_version == STATUS_API_VERSION)
