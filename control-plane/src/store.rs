@@ -40,6 +40,10 @@ pub struct Store {
     pub k8s_gateways: BTreeMap<ObjectKey, Option<Arc<gateway_api::ValidGateway>>>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
+    /// The objects the Kubernetes source holds that were rejected, by key
+    /// (also in `errors`): what a refused object's status says. Empty for
+    /// the file source.
+    pub rejected: BTreeMap<ObjectKey, ConfigError>,
     /// Accepted input with a caveat (fields without effect, ignored kinds).
     pub warnings: Vec<String>,
     /// Every rule object the Kubernetes source sees, valid or not: what its

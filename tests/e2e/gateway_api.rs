@@ -362,4 +362,50 @@ async fn the_leader_writes_httproute_status_for_its_parents() {
     .await;
     assert!(ok, "{err}");
     assert_eq!(out, "ResolvedRefs");
+
+    // The Gateway's own status: accepted, programmed, one route attached
+    // to its listener; kubectl reads it back.
+    let (ok, out, err) = kubectl(
+        &net,
+        &[
+            "get",
+            "gateway.gateway.networking.k8s.io",
+            "same-namespace",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.status.conditions[*].type}={.status.conditions[*].status} {.status.listeners[0].name}:{.status.listeners[0].attachedRoutes}",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "Accepted Programmed=True True http:1");
+    // A Gateway of class minimesh that minimesh refuses says why.
+    let tls = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: tls}\nspec:\n  gatewayClassName: minimesh\n  listeners:\n  - {name: https, port: 443, protocol: HTTPS}\n";
+    let (ok, out, err) = kubectl(&net, &["apply", "-n", NS, "-f", "-"], Some(tls)).await;
+    assert!(ok, "{out}{err}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let g = loop {
+        let g = fake
+            .get("gateway.networking.k8s.io/v1", "Gateway", NS, "tls")
+            .expect("the Gateway");
+        if g["status"]["conditions"].is_array() {
+            break g;
+        }
+        assert!(Instant::now() < deadline, "no status written: {g:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let accepted = &g["status"]["conditions"][0];
+    assert_eq!(
+        (&accepted["type"], &accepted["status"], &accepted["reason"]),
+        (&"Accepted".into(), &"False".into(), &"Invalid".into()),
+        "{g:#}"
+    );
+    assert!(
+        accepted["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("spec.listeners[0].protocol: ")),
+        "{g:#}"
+    );
 }

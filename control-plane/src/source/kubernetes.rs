@@ -336,7 +336,10 @@ fn build(kinds: &[KindState], sources: &[Source]) -> Store {
                     store.rule_objects.insert(key.clone(), seen.clone());
                 }
                 Entry::Plain(object) => store.insert(key.clone(), object.clone(), &origin),
-                Entry::Rejected(e) => store.errors.push(e.clone()),
+                Entry::Rejected(e) => {
+                    store.errors.push(e.clone());
+                    store.rejected.insert(key.clone(), e.clone());
+                }
                 Entry::Selected => {}
             }
         }

@@ -7,14 +7,16 @@
 use std::collections::BTreeMap;
 
 use minimesh_proto::v1::{self, Route};
-use serde_json::{json, Value};
 
 use super::routes::{encode, gateway_route_key};
 use super::Resources;
 use crate::config::gateway_api::{Parent, Precedence, ValidHttpRoute, GATEWAY_NAME_LABEL};
 use crate::config::parse::{ObjectKey, K8S_GATEWAY_KIND};
-use crate::config::route::{HttpRoute, RouteAction};
+use crate::config::route::HttpRoute;
 use crate::store::Store;
+
+mod status;
+pub use status::{desired, status};
 
 /// Whether a listener's hostname (None: any) takes `host`.
 fn listener_takes(listener: Option<&str>, host: &str) -> bool {
@@ -29,7 +31,7 @@ fn listener_takes(listener: Option<&str>, host: &str) -> bool {
 
 /// The hosts a route takes at a listener: its hostnames the listener
 /// takes, or the listener's hostname (`*`: any) when the route names none.
-fn hosts_at(r: &ValidHttpRoute, listener: Option<&str>) -> Vec<String> {
+pub(super) fn hosts_at(r: &ValidHttpRoute, listener: Option<&str>) -> Vec<String> {
     if r.hostnames.is_empty() {
         return vec![listener.unwrap_or("*").to_string()];
     }
@@ -41,11 +43,11 @@ fn hosts_at(r: &ValidHttpRoute, listener: Option<&str>) -> Vec<String> {
 }
 
 /// A listener a route attaches to: its port and hostname.
-type Listening = (u32, Option<String>);
+pub(super) type Listening = (u32, Option<String>);
 
 /// The listeners of the Gateway a parent names that the route in
 /// `namespace` attaches to: (port, hostname).
-fn listeners_of(
+pub(super) fn listeners_of(
     store: &Store,
     gw: &(String, String),
     section: Option<&str>,
@@ -171,158 +173,4 @@ pub fn apply(store: &Store, out: &mut Resources) {
             },
         );
     }
-}
-
-fn condition(kind: &str, ok: bool, reason: &str, message: String) -> Value {
-    json!({"type": kind, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message})
-}
-
-/// One parent's status: how `minimesh get routes` names it, the
-/// `parentRef` as the Gateway API writes it, and the conditions.
-pub struct ParentStatus {
-    /// `Gateway default/web`, `Service default/web`.
-    pub label: String,
-    /// `{group, kind, namespace, name[, sectionName][, port]}`.
-    pub parent_ref: Value,
-    /// `Accepted` and `ResolvedRefs`.
-    pub conditions: Vec<Value>,
-}
-
-/// An HTTPRoute's status for each of its parents, as the Gateway API's
-/// `status.parents[]`: `Accepted` and `ResolvedRefs` with their reasons.
-pub fn parents(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Vec<ParentStatus> {
-    let mut missing = Vec::new();
-    for (_, m) in &r.routes {
-        if let RouteAction::Forward(backends) = &m.action {
-            for b in backends {
-                let skey = ObjectKey {
-                    kind: "Service",
-                    namespace: b.service.1.clone(),
-                    name: b.service.0.clone(),
-                };
-                let name = format!("{}/{}", b.service.1, b.service.0);
-                if !store.services.contains_key(&skey) && !missing.contains(&name) {
-                    missing.push(name);
-                }
-            }
-        }
-    }
-    let resolved = match missing.as_slice() {
-        [] => condition(
-            "ResolvedRefs",
-            true,
-            "ResolvedRefs",
-            "every backend is a Service".into(),
-        ),
-        m => condition(
-            "ResolvedRefs",
-            false,
-            "BackendNotFound",
-            format!(
-                "no Service {}: its share of requests is answered 503",
-                m.join(", ")
-            ),
-        ),
-    };
-    let vs_for = |s: &(String, String)| {
-        store
-            .virtual_services
-            .iter()
-            .find(|(_, (v, _))| v.services.contains(s))
-            .map(|(k, _)| format!("{}/{}", k.namespace, k.name))
-    };
-    r.parents
-        .iter()
-        .map(|p| {
-            let (label, parent_ref, accepted) = match p {
-                Parent::Service(s, port) => {
-                    let skey = ObjectKey {
-                        kind: "Service",
-                        namespace: s.1.clone(),
-                        name: s.0.clone(),
-                    };
-                    let accepted = if !store.services.contains_key(&skey) {
-                        condition("Accepted", false, "NoMatchingParent", format!("no Service {}/{}", s.1, s.0))
-                    } else if let Some(vs) = vs_for(s) {
-                        condition(
-                            "Accepted",
-                            false,
-                            "Conflicted",
-                            format!("VirtualService {vs} routes Service {}/{}: it takes precedence, and this route is not applied to it", s.1, s.0),
-                        )
-                    } else {
-                        condition("Accepted", true, "Accepted", "routes the Service's traffic from the mesh".into())
-                    };
-                    let mut parent_ref = json!({"group": "", "kind": "Service", "namespace": s.1, "name": s.0});
-                    if let Some(port) = port {
-                        parent_ref["port"] = json!(port);
-                    }
-                    (format!("Service {}/{}", s.1, s.0), parent_ref, accepted)
-                }
-                Parent::Gateway(gw, section, port) => {
-                    let accepted = match listeners_of(store, gw, section.as_deref(), *port, &key.namespace) {
-                        Err((reason, message)) => condition("Accepted", false, reason, message),
-                        Ok(listeners) => {
-                            let any = listeners.iter().any(|(_, h)| !hosts_at(r, h.as_deref()).is_empty());
-                            if any {
-                                condition("Accepted", true, "Accepted", "attached".into())
-                            } else {
-                                condition(
-                                    "Accepted",
-                                    false,
-                                    "NoMatchingListenerHostname",
-                                    "no listener takes any of its hostnames".into(),
-                                )
-                            }
-                        }
-                    };
-                    let mut parent_ref = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": gw.0, "name": gw.1});
-                    if let Some(s) = section {
-                        parent_ref["sectionName"] = json!(s);
-                    }
-                    if let Some(port) = port {
-                        parent_ref["port"] = json!(port);
-                    }
-                    (format!("Gateway {}/{}", gw.0, gw.1), parent_ref, accepted)
-                }
-            };
-            ParentStatus {
-                label,
-                parent_ref,
-                conditions: vec![accepted, resolved.clone()],
-            }
-        })
-        .collect()
-}
-
-/// An HTTPRoute as `/debug/config` lists it: its routes and each parent's
-/// conditions.
-pub fn status(store: &Store, key: &ObjectKey, r: &ValidHttpRoute) -> Value {
-    let parents: Vec<Value> = parents(store, key, r)
-        .into_iter()
-        .map(|p| json!({"parentRef": p.label, "controllerName": "minimesh.io/gateway-controller", "conditions": p.conditions}))
-        .collect();
-    json!({
-        "namespace": key.namespace,
-        "name": key.name,
-        "hostnames": r.hostnames,
-        "routes": r.routes.iter().map(|(_, m)| crate::config::route::view(m)).collect::<Vec<_>>(),
-        "parents": parents,
-    })
-}
-
-/// What the status writer writes for every HTTPRoute: minimesh's
-/// `status.parents` entries.
-pub fn desired(store: &Store) -> crate::source::kubernetes::route_status::DesiredRouteStatus {
-    store
-        .http_routes
-        .iter()
-        .map(|(k, r)| {
-            let entries = parents(store, k, r)
-                .into_iter()
-                .map(|p| json!({"parentRef": p.parent_ref, "conditions": p.conditions}))
-                .collect();
-            (k.clone(), entries)
-        })
-        .collect()
 }
