@@ -599,7 +599,7 @@ async fn proxyless_grpc_follows_a_virtual_services_split_and_header_match() {
     );
     net.write(
         "vs.yaml",
-        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: echo}\nspec:\n  hosts: [echo]\n  http:\n  - match: [{headers: {x-canary: {exact: \"yes\"}}}]\n    route: [{destination: {host: echo, subset: v2}}]\n  - route:\n    - {destination: {host: echo, subset: v1}, weight: 90}\n    - {destination: {host: echo, subset: v2}, weight: 10}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: echo}\nspec:\n  hosts: [echo]\n  http:\n  - match: [{headers: {x-fault: {exact: abort}}}]\n    fault: {abort: {httpStatus: 503, percentage: {value: 100}}}\n    route: [{destination: {host: echo, subset: v1}}]\n  - match: [{headers: {x-canary: {exact: \"yes\"}}}]\n    route: [{destination: {host: echo, subset: v2}}]\n  - route:\n    - {destination: {host: echo, subset: v1}, weight: 90}\n    - {destination: {host: echo, subset: v2}, weight: 10}\n",
     );
     let _cp = net.control_plane().await;
     wait_cp_json(&net, "/debug/endpoints", |v| {
@@ -620,4 +620,8 @@ async fn proxyless_grpc_follows_a_virtual_services_split_and_header_match() {
     let one = [("EXPECT_BACKENDS", "1")];
     let got = json_counts(&client_with(&net, &one, &["spread", "200", "x-canary", "yes"]).await);
     assert_eq!(got.get("echo-2"), Some(&200), "{got:?}");
+    // The fault: gRPC's fault filter (gRFC A33) aborts every matching call
+    // with 503, which gRPC reports as UNAVAILABLE; none reaches a backend.
+    let got = json_counts(&client_with(&net, &one, &["spread", "50", "x-fault", "abort"]).await);
+    assert_eq!(got.get("ERROR UNAVAILABLE"), Some(&50), "{got:?}");
 }

@@ -4,9 +4,10 @@
 //! header changes and rewrites. What gRPC's xDS client honours of these is
 //! gRFC A28's: path (exact, prefix, regex) and header matches, weighted
 //! clusters, and (A31, A44) the timeout and retry policy; it never matches
-//! a route with query-parameter matches. Fault injection is applied by
-//! minimesh's sidecars only: Envoy and gRPC clients get a faulted route
-//! without its fault (docs/routes.md says so).
+//! a route with query-parameter matches. A route's fault is its
+//! `typed_per_filter_config` for the HTTP fault filter (`FAULT_FILTER`),
+//! which every listener minimesh serves (and Envoy's bootstrap) runs
+//! before the router; gRPC honours it (gRFC A33).
 
 use envoy_types::pb::envoy::config::core::v3::{
     header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption,
@@ -17,13 +18,20 @@ use envoy_types::pb::envoy::config::route::v3::{
     HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
     RouteMatch, WeightedCluster,
 };
+use envoy_types::pb::envoy::extensions::filters::common::fault::v3::{
+    fault_delay::FaultDelaySecifier, FaultDelay,
+};
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
+    fault_abort::ErrorType, FaultAbort, HttpFault,
+};
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
 };
+use envoy_types::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, FractionalPercent};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use minimesh_proto::v1::{self, string_match::Kind};
 
-use super::millis;
+use super::{any, millis};
 
 /// The Envoy routes of `routes`, on a port whose own cluster is `cluster`
 /// (its settings stand where a route sets none). Envoy's routes have one
@@ -283,8 +291,45 @@ fn one(r: &v1::HttpRoute, c: &v1::Cluster) -> Route {
         request_headers_to_remove,
         response_headers_to_add,
         response_headers_to_remove,
+        typed_per_filter_config: r
+            .fault
+            .as_ref()
+            .and_then(fault)
+            .map(|f| (FAULT_FILTER.to_string(), any(&f)))
+            .into_iter()
+            .collect(),
         ..Default::default()
     }
+}
+
+/// The name of the HTTP fault filter, as listeners and routes name it.
+pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
+
+/// A share of requests (0 to 100) as a fraction of a million.
+fn share(percent: f64) -> FractionalPercent {
+    FractionalPercent {
+        numerator: (percent.clamp(0.0, 100.0) * 10_000.0).round() as u32,
+        denominator: DenominatorType::Million as i32,
+    }
+}
+
+/// A route's fault as the fault filter's per-route config; None when it
+/// does nothing.
+fn fault(f: &v1::Fault) -> Option<HttpFault> {
+    let delay = (f.delay_percent > 0.0 && f.delay_ms > 0).then(|| FaultDelay {
+        percentage: Some(share(f.delay_percent)),
+        fault_delay_secifier: Some(FaultDelaySecifier::FixedDelay(millis(f.delay_ms))),
+    });
+    let abort = (f.abort_percent > 0.0 && f.abort_status != 0).then(|| FaultAbort {
+        percentage: Some(share(f.abort_percent)),
+        error_type: Some(ErrorType::HttpStatus(f.abort_status)),
+        ..Default::default()
+    });
+    (delay.is_some() || abort.is_some()).then(|| HttpFault {
+        delay,
+        abort,
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]
@@ -396,5 +441,36 @@ mod tests {
                 Some(3000)
             )
         );
+    }
+
+    #[test]
+    fn a_fault_is_the_fault_filters_per_route_config() {
+        use super::{HttpFault, FAULT_FILTER};
+        use minimesh_proto::prost::Message;
+        let route = v1::HttpRoute {
+            fault: Some(v1::Fault {
+                abort_percent: 12.5,
+                abort_status: 503,
+                delay_percent: 100.0,
+                delay_ms: 250,
+            }),
+            ..Default::default()
+        };
+        let out = encode(&[route, v1::HttpRoute::default()], &v1::Cluster::default());
+        let any = &out[0].typed_per_filter_config[FAULT_FILTER];
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"
+        );
+        let f = HttpFault::decode(any.value.as_slice()).expect("HTTPFault");
+        let abort = f.abort.expect("abort");
+        assert_eq!(
+            abort.percentage.map(|p| (p.numerator, p.denominator)),
+            Some((125_000, 2))
+        );
+        let delay = f.delay.expect("delay");
+        assert_eq!(delay.percentage.map(|p| p.numerator), Some(1_000_000));
+        // No fault: no per-route config.
+        assert!(out[1].typed_per_filter_config.is_empty());
     }
 }

@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::config::route::v3::{
     retry_policy::RetryBackOff, route, route_action, route_action::hash_policy, route_match,
     RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{CodecType, RouteSpecifier},
@@ -33,6 +34,7 @@ use minimesh_proto::v1::{self, hash_key::Key};
 use minimesh_proto::xds_v3::OUTBOUND_ROUTE_CONFIG;
 
 use super::clusters::ads;
+use super::http_routes::FAULT_FILTER;
 use super::{any, millis, Encoded};
 use crate::translate::Resources;
 
@@ -110,11 +112,20 @@ fn listener(name: &str, route_config: &str) -> Listener {
             config_source: Some(ads()),
             route_config_name: route_config.to_string(),
         })),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".to_string(),
-            config_type: Some(ConfigType::TypedConfig(any(&Router::default()))),
-            ..Default::default()
-        }],
+        // The fault filter first, doing nothing but where a route's config
+        // says (gRFC A33), then the router.
+        http_filters: vec![
+            HttpFilter {
+                name: FAULT_FILTER.to_string(),
+                config_type: Some(ConfigType::TypedConfig(any(&HttpFault::default()))),
+                ..Default::default()
+            },
+            HttpFilter {
+                name: "envoy.filters.http.router".to_string(),
+                config_type: Some(ConfigType::TypedConfig(any(&Router::default()))),
+                ..Default::default()
+            },
+        ],
         ..Default::default()
     };
     Listener {
