@@ -52,6 +52,9 @@ impl Validated {
     pub fn kind(&self) -> &'static str {
         match self.key.kind {
             "PeerAuthentication" => "peerauthentication",
+            "AuthorizationPolicy" | minimesh_control_plane::config::parse::ISTIO_AUTHZ_KIND => {
+                "authorizationpolicy"
+            }
             k if is_virtual_service(k) => "virtualservice",
             "Gateway" => "gateway",
             "HTTPRoute" => "httproute",
@@ -67,6 +70,9 @@ impl Validated {
     pub fn describe(&self) -> String {
         if self.key.kind == "PeerAuthentication" {
             return format!("mtls {}", self.policy);
+        }
+        if self.kind() == "authorizationpolicy" {
+            return self.policy.clone();
         }
         if is_virtual_service(self.key.kind) {
             return format!("routes {}{}", self.policy, self.route);
@@ -196,8 +202,35 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
                 warnings: vec![],
                 route: route_summary(&v),
             }),
+            (Ok(Object::Authorization(a)), Some(key)) => out.push(Validated {
+                key,
+                policy: format!(
+                    "{} {} rule{}{}",
+                    if a.action == minimesh_proto::v1::AuthzAction::AuthzDeny as i32 {
+                        "DENY"
+                    } else {
+                        "ALLOW"
+                    },
+                    a.rules.len(),
+                    if a.rules.len() == 1 { "" } else { "s" },
+                    match (a.mesh_wide, a.selector.is_empty()) {
+                        (true, _) => " (mesh-wide)".to_string(),
+                        (false, true) => String::new(),
+                        (false, false) => {
+                            let mut s: Vec<String> =
+                                a.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                            s.sort();
+                            format!(" for {}", s.join(","))
+                        }
+                    }
+                ),
+                port_policies: vec![],
+                raw: doc.raw,
+                warnings: vec![],
+                route: String::new(),
+            }),
             (Ok(_), Some(key)) => errors.push(format!(
-                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices, Gateways, HTTPRoutes and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
+                "{}: {key}: minimesh apply takes DestinationRules, VirtualServices, Gateways, HTTPRoutes, PeerAuthentications and AuthorizationPolicies; a local mesh's Services, EndpointSlices and Pods are written by minimesh up",
                 path.display()
             )),
             (Ok(_), None) => {}
@@ -208,7 +241,7 @@ pub fn validate_text(path: &Path, text: &str, namespace: &str) -> anyhow::Result
     }
     if out.is_empty() {
         bail!(
-            "{}: no DestinationRule, VirtualService, Gateway, HTTPRoute or PeerAuthentication in the file",
+            "{}: no DestinationRule, VirtualService, Gateway, HTTPRoute, PeerAuthentication or AuthorizationPolicy in the file",
             path.display()
         );
     }
@@ -319,6 +352,9 @@ pub async fn wait_rule(state: &MeshState, key: &ObjectKey, policy: &str) -> anyh
         // In force once the control plane lists it (every proxy's ACK of it
         // is `wait_converged`'s to wait for).
         "PeerAuthentication" => ("peerAuthentications", Some("mode")),
+        "AuthorizationPolicy" | minimesh_control_plane::config::parse::ISTIO_AUTHZ_KIND => {
+            ("authorizationPolicies", None)
+        }
         // Listed: applied (what it routes is `describe`'s).
         k if is_virtual_service(k) => ("virtualServices", None),
         "Gateway" => ("gateways", None),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use minimesh_control_plane::config::parse::{
-    ISTIO_RULE_KIND, ISTIO_VIRTUAL_SERVICE_KIND, K8S_GATEWAY_KIND,
+    ISTIO_AUTHZ_KIND, ISTIO_RULE_KIND, ISTIO_VIRTUAL_SERVICE_KIND, K8S_GATEWAY_KIND,
 };
 use minimesh_control_plane::config::parse_documents;
 
@@ -44,6 +44,7 @@ fn kind_of(typed: &str) -> Option<&'static str> {
         "virtualservice" | "virtualservices" | "vs" => "virtualservice",
         "gateway" | "gateways" | "gw" => "gateway",
         "peerauthentication" | "peerauthentications" | "pa" => "peerauthentication",
+        "authorizationpolicy" | "authorizationpolicies" | "ap" => "authorizationpolicy",
         "httproute" | "httproutes" => "httproute",
         "gateway.gateway.networking.k8s.io" | "gateways.gateway.networking.k8s.io" => {
             "gateway.gateway.networking.k8s.io"
@@ -61,6 +62,8 @@ fn kind_of_object(kind: &str) -> Option<&'static str> {
         k if k == ISTIO_VIRTUAL_SERVICE_KIND => "virtualservice",
         "Gateway" => "gateway",
         "PeerAuthentication" => "peerauthentication",
+        "AuthorizationPolicy" => "authorizationpolicy",
+        k if k == ISTIO_AUTHZ_KIND => "authorizationpolicy",
         "HTTPRoute" => "httproute",
         k if k == K8S_GATEWAY_KIND => "gateway.gateway.networking.k8s.io",
         _ => return None,
@@ -80,7 +83,7 @@ pub async fn run(home: PathBuf, args: DeleteArgs) -> anyhow::Result<()> {
             let Some(key) = doc.key else { continue };
             let Some(kind) = kind_of_object(key.kind) else {
                 bail!(
-                    "{}: {key}: minimesh delete takes DestinationRules, VirtualServices, Gateways, HTTPRoutes and PeerAuthentications; a local mesh's Services, EndpointSlices and Pods are minimesh up's",
+                    "{}: {key}: minimesh delete takes DestinationRules, VirtualServices, Gateways, HTTPRoutes, PeerAuthentications and AuthorizationPolicies; a local mesh's Services, EndpointSlices and Pods are minimesh up's",
                     f.display()
                 );
             };
@@ -89,7 +92,7 @@ pub async fn run(home: PathBuf, args: DeleteArgs) -> anyhow::Result<()> {
     }
     if let Some(typed) = &args.kind {
         let kind = kind_of(typed).ok_or_else(|| {
-            anyhow!("{typed:?} is not a kind minimesh delete takes (destinationrule, virtualservice, gateway, httproute, gateway.gateway.networking.k8s.io, peerauthentication)")
+            anyhow!("{typed:?} is not a kind minimesh delete takes (destinationrule, virtualservice, gateway, httproute, gateway.gateway.networking.k8s.io, peerauthentication, authorizationpolicy)")
         })?;
         let ns = args.namespace.clone().unwrap_or(state.namespace.clone());
         for n in &args.names {

@@ -132,8 +132,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Print a CustomResourceDefinition (YAML) to install on Kubernetes, generated from the Rust types.
     Crds {
-        /// Which: `destinationrules`, `peerauthentications` or `virtualservices`.
-        #[arg(default_value = "destinationrules", value_parser = ["destinationrules", "peerauthentications", "virtualservices"])]
+        /// Which: `destinationrules`, `peerauthentications`, `virtualservices` or `authorizationpolicies`.
+        #[arg(default_value = "destinationrules", value_parser = ["destinationrules", "peerauthentications", "virtualservices", "authorizationpolicies"])]
         kind: String,
     },
 }

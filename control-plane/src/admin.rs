@@ -41,6 +41,8 @@ pub struct ConfigView {
     pub gateways: Vec<Value>,
     /// The Gateway API's HTTPRoutes, with their status per parent.
     pub http_routes: Vec<Value>,
+    /// AuthorizationPolicies in force.
+    pub authorization_policies: Vec<Value>,
     /// Rejected input.
     pub errors: Vec<ConfigError>,
     /// Caveats.
@@ -169,7 +171,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "httpRoutes": c.http_routes, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "httpRoutes": c.http_routes, "authorizationPolicies": c.authorization_policies, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

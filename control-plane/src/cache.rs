@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use minimesh_proto::v1::ClusterLoadAssignment;
 use minimesh_proto::{
-    prost::Message, prost_types::Any, to_any, xds_v3, ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE,
-    PEER_AUTH_TYPE, ROUTE_TYPE,
+    prost::Message, prost_types::Any, to_any, xds_v3, ALL_TYPES, AUTHZ_TYPE, CLUSTER_TYPE,
+    ENDPOINTS_TYPE, PEER_AUTH_TYPE, ROUTE_TYPE,
 };
 use tokio::sync::watch;
 
@@ -188,6 +188,14 @@ impl Cache {
                         _ => None,
                     }
                 }),
+                AUTHZ_TYPE => build_with(t, &resources.authz, prev, generation, |name| {
+                    // A namespace's policy is its own proxies'; one of the
+                    // root namespace every proxy's.
+                    match resources.authz.get(name) {
+                        Some(a) if !a.mesh_wide => Some(Arc::from([a.namespace.clone()])),
+                        _ => None,
+                    }
+                }),
                 xds_v3::CLUSTER_TYPE => {
                     build(t, &v3.clusters, prev, generation, &resources.exported)
                 }
@@ -200,7 +208,7 @@ impl Cache {
                 xds_v3::ROUTE_CONFIG_TYPE => {
                     build(t, &v3.routes, prev, generation, &resources.exported)
                 }
-                _ => unreachable!("the type lists name eight types"),
+                _ => unreachable!("the type lists name nine types"),
             };
             match old.types.get(t) {
                 Some(prev) if prev.version == new_type.version => {

@@ -2,6 +2,7 @@
 //! from YAML documents and validated, with errors that name the file, the
 //! object, the field path and the reason.
 
+pub mod authorization;
 pub mod crd;
 pub mod gateway;
 pub mod gateway_api;

@@ -539,6 +539,11 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
             .iter()
             .map(|(k, r)| translate::http_route_status(store, k, r))
             .collect(),
+        authorization_policies: store
+            .authorizations
+            .iter()
+            .map(|(k, a)| config::authorization::view(k, a))
+            .collect(),
         errors: store.errors.clone(),
         warnings: store.warnings.clone(),
         synced: true,

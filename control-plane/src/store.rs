@@ -38,6 +38,9 @@ pub struct Store {
     pub http_routes: BTreeMap<ObjectKey, Arc<ValidHttpRoute>>,
     /// The Gateway API's Gateways of class `minimesh` (None: another class's).
     pub k8s_gateways: BTreeMap<ObjectKey, Option<Arc<gateway_api::ValidGateway>>>,
+    /// AuthorizationPolicies (minimesh's and Istio's), as sidecars enforce
+    /// them.
+    pub authorizations: BTreeMap<ObjectKey, Arc<minimesh_proto::v1::Authorization>>,
     /// Rejected input; the previous good version of each object stays in force.
     pub errors: Vec<ConfigError>,
     /// The objects the Kubernetes source holds that were rejected, by key
@@ -172,6 +175,9 @@ impl Store {
             }
             Object::K8sGateway(g) => {
                 self.k8s_gateways.insert(key, g);
+            }
+            Object::Authorization(a) => {
+                self.authorizations.insert(key, a);
             }
         }
     }

@@ -38,6 +38,9 @@ pub struct Resources {
     /// PeerAuthentications by namespace (each seen by its namespace's
     /// proxies only, the mesh-wide one by every proxy).
     pub peer_auth: BTreeMap<String, v1::PeerAuthentication>,
+    /// AuthorizationPolicies by `kind/namespace/name` (each seen by its
+    /// namespace's proxies only, mesh-wide ones by every proxy).
+    pub authz: BTreeMap<String, v1::Authorization>,
 }
 
 /// The Service annotation that limits which namespaces see it, as Istio's.
@@ -245,6 +248,16 @@ pub fn translate(
 
     let mut out = Resources {
         peer_auth: security::peer_authentications(store),
+        authz: store
+            .authorizations
+            .iter()
+            .map(|(k, a)| {
+                (
+                    format!("{}/{}/{}", k.kind, k.namespace, k.name),
+                    (**a).clone(),
+                )
+            })
+            .collect(),
         ..Resources::default()
     };
     let meshed = security::meshed_ips(store);

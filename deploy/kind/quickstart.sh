@@ -83,7 +83,7 @@ rm -f "$archive"
 
 step "installing the CRD, RBAC and the control plane (deploy/base)"
 apply_kustomization deploy/base
-kubectl wait --for condition=established --timeout=60s crd/destinationrules.minimesh.io crd/virtualservices.minimesh.io
+kubectl wait --for condition=established --timeout=60s crd/destinationrules.minimesh.io crd/virtualservices.minimesh.io crd/authorizationpolicies.minimesh.io
 kubectl -n minimesh-system rollout status deployment/minimesh-control-plane --timeout=180s
 
 step "deploying simple-web, simple-backend-1, simple-backend-2 and the ingress gateway (deploy/examples/demo)"

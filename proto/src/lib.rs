@@ -83,11 +83,20 @@ pub const ENDPOINTS_TYPE: &str = "type.googleapis.com/minimesh.v1.ClusterLoadAss
 pub const PEER_AUTH_TYPE: &str = "type.googleapis.com/minimesh.v1.PeerAuthentication";
 /// Type URL of [`v1::Route`].
 pub const ROUTE_TYPE: &str = "type.googleapis.com/minimesh.v1.Route";
+/// Type URL of [`v1::Authorization`].
+pub const AUTHZ_TYPE: &str = "type.googleapis.com/minimesh.v1.Authorization";
 
 /// Every resource type, in the order a client should apply them (clusters
 /// before their endpoints, routes last so that they never point at a cluster
-/// the client does not know yet), then the inbound listener's mTLS mode.
-pub const ALL_TYPES: [&str; 4] = [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE, PEER_AUTH_TYPE];
+/// the client does not know yet), then the inbound listener's mTLS mode and
+/// authorization policies.
+pub const ALL_TYPES: [&str; 5] = [
+    CLUSTER_TYPE,
+    ENDPOINTS_TYPE,
+    ROUTE_TYPE,
+    PEER_AUTH_TYPE,
+    AUTHZ_TYPE,
+];
 
 /// Packs a message into an `Any` with the given type URL.
 pub fn to_any(type_url: &str, msg: &impl prost::Message) -> prost_types::Any {

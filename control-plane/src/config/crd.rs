@@ -1,7 +1,8 @@
 //! The CustomResourceDefinitions (`minimesh.io/v1alpha1`): `DestinationRule`,
 //! generated from the Rust types of the spec (`config::rule::RuleSpec`) and
-//! of the status written here, `PeerAuthentication` (`config::security`)
-//! and `VirtualService` (`config::virtual_service`). `crds/` holds the
+//! of the status written here, `PeerAuthentication` (`config::security`),
+//! `VirtualService` (`config::virtual_service`) and `AuthorizationPolicy`
+//! (`config::authorization`). `crds/` holds the
 //! generated YAML; regenerate each with `cargo run -- crds KIND >
 //! crds/KIND.minimesh.io.yaml` (a test fails when one is stale).
 
@@ -105,9 +106,22 @@ pub const PEER_AUTH_CRD_PATH: &str = "crds/peerauthentications.minimesh.io.yaml"
 /// Path of the generated VirtualService CRD.
 pub const VIRTUAL_SERVICE_CRD_PATH: &str = "crds/virtualservices.minimesh.io.yaml";
 
+/// Path of the generated AuthorizationPolicy CRD.
+pub const AUTHZ_CRD_PATH: &str = "crds/authorizationpolicies.minimesh.io.yaml";
+
 /// The CRDs `minimesh crds <kind>` prints: (kind argument, file, YAML).
-pub fn crds() -> [(&'static str, &'static str, String); 3] {
+pub fn crds() -> [(&'static str, &'static str, String); 4] {
     [
+        (
+            "authorizationpolicies",
+            AUTHZ_CRD_PATH,
+            generated(
+                super::authorization::AuthorizationPolicyResource::crd(),
+                "authorization.rs",
+                "authorizationpolicies",
+                AUTHZ_CRD_PATH,
+            ),
+        ),
         ("destinationrules", CRD_PATH, crd_yaml()),
         (
             "peerauthentications",

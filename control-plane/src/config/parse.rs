@@ -7,11 +7,12 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::authorization::{AuthorizationPolicy, AUTHZ_API_VERSIONS};
 use super::gateway::{self as istio_gateway, Gateway, ValidGateway, GATEWAY_API_VERSIONS};
 use super::gateway_api::{self, GATEWAY_API_VERSIONS as K8S_GATEWAY_API_VERSIONS};
 use super::kube::{EndpointSlice, Service};
 use super::rule::{self, DestinationRule, Resolved, RULE_API_VERSIONS};
-use super::security::{PeerAuthentication, Pod};
+use super::security::{PeerAuthentication, Pod, ROOT_NAMESPACE};
 use super::virtual_service::{
     self, ValidVirtualService, VirtualService, VIRTUAL_SERVICE_API_VERSIONS,
 };
@@ -66,6 +67,10 @@ pub const ISTIO_RULE_KIND: &str = "DestinationRule.networking.istio.io";
 /// minimesh's (`minimesh.io`, keyed `VirtualService`): it sorts after
 /// minimesh's, so that where both route one Service, minimesh's applies.
 pub const ISTIO_VIRTUAL_SERVICE_KIND: &str = "VirtualService.networking.istio.io";
+
+/// The kind under which Istio's AuthorizationPolicies are keyed, apart from
+/// minimesh's (`AuthorizationPolicy`); every one of both applies.
+pub const ISTIO_AUTHZ_KIND: &str = "AuthorizationPolicy.security.istio.io";
 
 /// The API versions of minimesh's own VirtualService CRD.
 pub const MESH_VIRTUAL_SERVICE_API_VERSIONS: [&str; 1] = ["minimesh.io/v1alpha1"];
@@ -124,6 +129,8 @@ pub enum Object {
     HttpRoute(Arc<gateway_api::ValidHttpRoute>),
     /// The Gateway API's Gateway: minimesh's class, or another's (None).
     K8sGateway(Option<Arc<gateway_api::ValidGateway>>),
+    /// An AuthorizationPolicy, as the sidecars enforce it.
+    Authorization(Arc<minimesh_proto::v1::Authorization>),
 }
 
 /// The kind of the Gateway API's Gateway among minimesh's object keys
@@ -306,6 +313,10 @@ fn parse_value(
         "Service" => ("Service", &["v1"]),
         "EndpointSlice" => ("EndpointSlice", &["discovery.k8s.io/v1"]),
         "PeerAuthentication" => ("PeerAuthentication", &PEER_AUTH_API_VERSIONS),
+        "AuthorizationPolicy" if api_version.starts_with("security.istio.io/") => {
+            (ISTIO_AUTHZ_KIND, &AUTHZ_API_VERSIONS)
+        }
+        "AuthorizationPolicy" => ("AuthorizationPolicy", &AUTHZ_API_VERSIONS),
         "Pod" => ("Pod", &["v1"]),
         "VirtualService" if api_version.starts_with("minimesh.io/") => {
             ("VirtualService", &MESH_VIRTUAL_SERVICE_API_VERSIONS)
@@ -341,7 +352,7 @@ fn parse_value(
         }
         other => {
             out.ignored.push(format!(
-                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Gateway, HTTPRoute, Service, EndpointSlice, PeerAuthentication, Pod); ignored",
+                "{}: {other} {namespace}/{name} ({api_version}): not a kind minimesh reads (DestinationRule, VirtualService, Gateway, HTTPRoute, Service, EndpointSlice, PeerAuthentication, AuthorizationPolicy, Pod); ignored",
                 file.display()
             ));
             return;
@@ -395,6 +406,14 @@ fn parse_value(
             })))
         }),
         "Service" => typed::<Service>(value).map(|s| Object::Service(Arc::new(s))),
+        "AuthorizationPolicy" | ISTIO_AUTHZ_KIND => {
+            typed::<AuthorizationPolicy>(value).and_then(|p| {
+                let policy = p
+                    .validate(&key.namespace, ROOT_NAMESPACE)
+                    .map_err(|(field, reason)| (Some(field), reason))?;
+                Ok(Object::Authorization(Arc::new(policy)))
+            })
+        }
         "PeerAuthentication" => typed::<PeerAuthentication>(value).and_then(|p| {
             let mode = p.mode().map_err(|(field, reason)| (Some(field), reason))?;
             Ok(Object::PeerAuth(Arc::new(p), mode))

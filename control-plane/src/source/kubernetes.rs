@@ -125,6 +125,24 @@ pub fn watched() -> Vec<Watched> {
             required: false,
         },
         Watched {
+            resource: ar(
+                "minimesh.io",
+                "v1alpha1",
+                "AuthorizationPolicy",
+                "authorizationpolicies",
+            ),
+            required: false,
+        },
+        Watched {
+            resource: ar(
+                "security.istio.io",
+                "v1",
+                "AuthorizationPolicy",
+                "authorizationpolicies",
+            ),
+            required: false,
+        },
+        Watched {
             resource: ar("", "v1", "Pod", "pods"),
             required: true,
         },
@@ -546,6 +564,10 @@ fn key_of(resource: &ApiResource, obj: &DynamicObject) -> Option<ObjectKey> {
         "Service" => "Service",
         "EndpointSlice" => "EndpointSlice",
         "PeerAuthentication" => "PeerAuthentication",
+        "AuthorizationPolicy" if resource.group == "security.istio.io" => {
+            crate::config::parse::ISTIO_AUTHZ_KIND
+        }
+        "AuthorizationPolicy" => "AuthorizationPolicy",
         "Pod" => "Pod",
         "VirtualService" if resource.group == "networking.istio.io" => {
             crate::config::parse::ISTIO_VIRTUAL_SERVICE_KIND

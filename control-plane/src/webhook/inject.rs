@@ -218,10 +218,13 @@ pub fn patch(pod: &Value, t: &Template) -> Result<Option<Vec<Value>>, String> {
     }
     let sidecar = sidecar_container(
         t,
-        vec![
+        [
             env("MINIMESH_INBOUND_ADDR", format!("0.0.0.0:{inbound}")),
             env("MINIMESH_APP_ADDR", format!("127.0.0.1:{app}")),
-        ],
+        ]
+        .into_iter()
+        .chain(labels_env(pod))
+        .collect(),
         json!([
             {"name": "http-mesh", "containerPort": inbound},
             {"name": "http-mesh-admin", "containerPort": ADMIN_PORT},
@@ -365,6 +368,18 @@ fn env(name: &str, value: String) -> Value {
     json!({"name": name, "value": value})
 }
 
+/// The pod's labels as the sidecar's `MINIMESH_LABELS` (`k=v,...`, what
+/// AuthorizationPolicy selectors match), as they are when it is created;
+/// None without labels.
+fn labels_env(pod: &Value) -> Option<Value> {
+    let labels = pod["metadata"]["labels"].as_object()?;
+    let list: Vec<String> = labels
+        .iter()
+        .filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+        .collect();
+    (!list.is_empty()).then(|| env("MINIMESH_LABELS", list.join(",")))
+}
+
 /// The sidecar container: the common settings, `extra_env`, `ports`, and
 /// the user and group it runs as.
 fn sidecar_container(t: &Template, extra_env: Vec<Value>, ports: Value, id: u32) -> Value {
@@ -478,6 +493,7 @@ fn captured(pod: &Value, t: &Template) -> Result<Vec<Value>, String> {
             format!("0.0.0.0:{INBOUND_CAPTURE_PORT}"),
         ),
     ];
+    extra.extend(labels_env(pod));
     if !originals.is_empty() {
         extra.push(env(
             "MINIMESH_APP_PROBES",
