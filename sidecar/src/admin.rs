@@ -38,6 +38,8 @@ pub struct Admin {
     pub debug_for_all: bool,
     /// The app's HTTP probes, served at `/app-health/...` for the kubelet.
     pub app_probes: crate::app_probe::AppProbes,
+    /// The AuthorizationPolicies the inbound listeners enforce.
+    pub authz: Arc<crate::authz::Shared>,
 }
 
 /// How long the app has to answer a probe the sidecar makes for the
@@ -202,7 +204,7 @@ fn config(admin: &Admin) -> serde_json::Value {
             "inbound_mode": if crate::tls::strict() { "STRICT" } else { "PERMISSIVE" },
         })
     });
-    json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "mtls": mtls, "clusters": clusters, "hosts": hosts})
+    json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "mtls": mtls, "authz": admin.authz.load().view(), "clusters": clusters, "hosts": hosts})
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {

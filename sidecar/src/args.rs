@@ -82,6 +82,12 @@ pub struct Args {
     /// to the app's `{"port", "path", "httpHeaders"}`.
     #[arg(long, env = "MINIMESH_APP_PROBES", value_parser = app_probes)]
     pub app_probes: Option<app_probe::AppProbes>,
+    /// What the inbound listeners do before the control plane has sent the
+    /// AuthorizationPolicies: `refuse` (the default: 503, and the sidecar is
+    /// not ready) or `allow` (every request, as with no policy: only for a
+    /// sidecar run without a control plane, as `minimesh bench` does).
+    #[arg(long, env = "MINIMESH_INBOUND_BEFORE_CONFIG", default_value = "refuse", value_parser = ["refuse", "allow"])]
+    pub inbound_before_config: String,
     /// The HTTP version the inbound listener speaks to the app: `client`
     /// (the version the request arrived in: callers' sidecars speak HTTP/2
     /// only to ports declared gRPC or HTTP/2), `http1` or `http2`.
@@ -124,11 +130,13 @@ pub struct Args {
     /// API's CRDs); `minimesh up` gives its ingress Gateway objects instead.
     #[arg(long = "route", env = "MINIMESH_ROUTES", value_delimiter = ',', value_parser = parse_alias)]
     pub routes: Vec<(String, String)>,
-    /// The gateway's labels, `KEY=VALUE` (repeatable): Istio Gateways whose
-    /// `selector` they match (every label of the selector, with its value)
-    /// are the ones this gateway serves, with the VirtualServices bound to
-    /// them. Istio's ingress gateway is `istio=ingressgateway`. Gateway
-    /// mode only.
+    /// The workload's labels, `KEY=VALUE` (repeatable; the injector sets
+    /// the pod's, `minimesh up` `app=<service>` and its deployment's): the
+    /// AuthorizationPolicies whose `selector` they match (every label of
+    /// the selector, with its value) apply to its inbound listeners; in
+    /// gateway mode, the Istio Gateways whose `selector` they match are the
+    /// ones this gateway serves, with the VirtualServices bound to them
+    /// (Istio's ingress gateway is `istio=ingressgateway`).
     #[arg(long = "labels", env = "MINIMESH_LABELS", value_delimiter = ',', value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
     /// Service (`SERVICE.NAMESPACE`) for requests whose host matches nothing.

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod app_probe;
 mod args;
+pub mod authz;
 pub mod balance;
 pub mod capture;
 pub mod clock;
@@ -141,6 +142,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     .register(&mut registry);
     let capture_metrics = listener::captured::CaptureMetrics::register(&mut registry);
+    // The AuthorizationPolicies the inbound listeners enforce, replaced by
+    // the discovery client.
+    let authz = match args.inbound_before_config.as_str() {
+        "allow" => authz::Shared::allowing_until_config(),
+        _ => authz::Shared::new(),
+    };
+    authz.register(&mut registry);
     tokio::spawn(admin::serve(
         admin_listener,
         Arc::new(admin::Admin {
@@ -150,6 +158,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             metrics: registry,
             debug_for_all: args.admin_debug,
             app_probes: args.app_probes.clone().unwrap_or_default(),
+            authz: authz.clone(),
         }),
     ));
 
@@ -166,6 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         edge: (args.mode == "gateway").then_some(proxy::Edge {
             debug_headers: args.debug_headers,
         }),
+        authz: None,
     });
     let out_capture = args.capture.then(|| {
         Arc::new(listener::captured::Capture::new(
@@ -191,7 +201,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster =
             routing::app_cluster(app, &args.workload, args.app_protocol, pool_defaults);
-        let in_proxy = inbound_proxy(Routing::only(app_cluster), &args, head_limits);
+        let in_proxy = inbound_proxy(
+            Routing::only(app_cluster),
+            &args,
+            head_limits,
+            (authz.clone(), app.port()),
+        );
         serve_on_loops(
             "inbound",
             listener,
@@ -208,6 +223,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding inbound capture address {addr}"))?;
         let template = listener::captured::AppTemplate {
             workload: args.workload.clone(),
+            authz: authz.clone(),
             protocol: args.app_protocol,
             pool: pool_defaults,
             client_idle_timeout: nonzero(args.client_idle_timeout),
@@ -222,7 +238,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ));
         // Each connection goes to the app's proxy for its port (the
         // capture's); this one only carries the listener's settings.
-        let proxy = inbound_proxy(Routing::default(), &args, head_limits);
+        let proxy = inbound_proxy(Routing::default(), &args, head_limits, (authz.clone(), 0));
         serve_on_loops(
             "inbound-capture",
             listener,
@@ -301,6 +317,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         routing,
         ready,
+        authz: authz.clone(),
         pool_defaults,
         token_file: args.token_file.clone(),
     };
@@ -323,8 +340,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An inbound listener's proxy: to the app, with `routing`, always ready.
-fn inbound_proxy(routing: Routing, args: &Args, head_limits: proxy::HeadLimits) -> Arc<Proxy> {
+/// An inbound listener's proxy: to the app, with `routing`, always ready,
+/// enforcing `authz` for the app's port.
+fn inbound_proxy(
+    routing: Routing,
+    args: &Args,
+    head_limits: proxy::HeadLimits,
+    (authz, app_port): (Arc<authz::Shared>, u16),
+) -> Arc<Proxy> {
     Arc::new(Proxy {
         routing: Arc::new(ArcSwap::from_pointee(routing)),
         ready: Arc::new(AtomicBool::new(true)),
@@ -333,6 +356,7 @@ fn inbound_proxy(routing: Routing, args: &Args, head_limits: proxy::HeadLimits) 
         head_limits,
         inbound: true,
         edge: None,
+        authz: Some((authz, app_port)),
     })
 }
 

@@ -215,9 +215,16 @@ async fn serve_http(
     // becomes STRICT, as at shutdown.
     let until_strict =
         (proxy.inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
+    // Who the mutual TLS peer is, once per connection, for an inbound
+    // listener's authorization.
+    let caller: Option<Arc<str>> = match proxy.authz {
+        Some(_) => io.peer_identity().map(Arc::from),
+        None => None,
+    };
     let io = TokioIo::new(io);
     let config = Config::of(&proxy, coarse);
-    let svc = hyper::service::service_fn(move |req| proxy.handle_to(req, peer, dst));
+    let svc =
+        hyper::service::service_fn(move |req| proxy.handle_to(req, peer, dst, caller.as_deref()));
     match speaks {
         Speaks::Http1 => {
             let conn = config.http1().serve_connection(io, svc);

@@ -2,6 +2,7 @@
 //! on loopback, real HTTP and gRPC traffic.
 
 mod admission;
+mod authorization;
 mod balancing;
 mod bench;
 mod capture;

@@ -10,7 +10,7 @@ use minimesh_proto::v1::{
     Cluster, ClusterLoadAssignment, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
     DiscoveryRequest, DiscoveryResponse, Endpoint, HealthStatus, LbPolicy, PortCluster, Route,
 };
-use minimesh_proto::{to_any, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use minimesh_proto::{to_any, AUTHZ_TYPE, CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -103,6 +103,18 @@ impl AggregatedDiscoveryService for Scripted {
                             .send(resp(ROUTE_TYPE, "1", to_any(ROUTE_TYPE, &route)))
                             .await;
                     }
+                    // No AuthorizationPolicy: an empty list (what the
+                    // sidecar waits for before it is ready).
+                    (AUTHZ_TYPE, true) => {
+                        let _ = tx
+                            .send(Ok(DiscoveryResponse {
+                                version_info: "1".into(),
+                                resources: vec![],
+                                type_url: AUTHZ_TYPE.into(),
+                                nonce: "1".into(),
+                            }))
+                            .await;
+                    }
                     (_, false) => {
                         if let Some(e) = r.error_detail {
                             let _ = nacks
@@ -111,7 +123,7 @@ impl AggregatedDiscoveryService for Scripted {
                         } else {
                             acked += 1;
                         }
-                        if acked == 3 && !sent_bad {
+                        if acked == 4 && !sent_bad {
                             sent_bad = true;
                             // A policy number this sidecar does not know (a newer control plane).
                             let _ = tx

@@ -191,7 +191,7 @@ async fn state_of_the_world_ack_nack_and_new_versions() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert_eq!(
         err.message(),
-        "unknown type_url \"type.googleapis.com/minimesh.v1.Nope\"; this control plane serves type.googleapis.com/minimesh.v1.Cluster, type.googleapis.com/minimesh.v1.ClusterLoadAssignment, type.googleapis.com/minimesh.v1.Route, type.googleapis.com/minimesh.v1.PeerAuthentication"
+        "unknown type_url \"type.googleapis.com/minimesh.v1.Nope\"; this control plane serves type.googleapis.com/minimesh.v1.Cluster, type.googleapis.com/minimesh.v1.ClusterLoadAssignment, type.googleapis.com/minimesh.v1.Route, type.googleapis.com/minimesh.v1.PeerAuthentication, type.googleapis.com/minimesh.v1.Authorization"
     );
     connected_becomes(&net, 0).await;
 

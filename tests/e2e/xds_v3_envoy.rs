@@ -265,13 +265,14 @@ async fn an_envoy_client_gets_clusters_by_delta_and_routes_by_state_of_the_world
         .collect();
     kinds.sort();
     assert_eq!(kinds, ["xds-v3 delta", "xds-v3 sotw"]);
-    // What a sidecar ACKs (`minimesh up` waits for it) is minimesh's four
+    // What a sidecar ACKs (`minimesh up` waits for it) is minimesh's five
     // types only, though the cache holds Envoy's too.
     let versions = get_json(net.cp_admin(), "/debug/versions").await;
     let types: Vec<&String> = versions.as_object().expect("object").keys().collect();
     assert_eq!(
         types,
         [
+            "Authorization",
             "Cluster",
             "ClusterLoadAssignment",
             "PeerAuthentication",

@@ -89,6 +89,7 @@ impl Mesh {
                     &format!("0.0.0.0:{}", minimesh_proto::capture::INBOUND_CAPTURE_PORT),
                 ])
                 .args(["--admin", &pod.admin().to_string()])
+                .args(["--labels", &pod.labels_arg()])
                 .args(identity::sidecar_args(ids.as_ref(), &pod.name))
                 .args(
                     worker_threads

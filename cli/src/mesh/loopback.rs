@@ -43,6 +43,7 @@ impl Mesh {
                     .args(["--outbound", &format!("{}:{OUTBOUND_PORT}", pod.ip)])
                     .args(["--inbound", &format!("{}:{}", pod.ip, pod.port)])
                     .args(["--app", &pod.app().to_string()])
+                    .args(["--labels", &pod.labels_arg()])
                     .args(["--admin", &pod.admin().to_string()])
                     .args(identity::sidecar_args(ids, &pod.name))
                     .args(

@@ -44,6 +44,20 @@ impl Pod {
     pub fn admin(&self) -> SocketAddr {
         SocketAddr::from((self.ip, SIDECAR_ADMIN_PORT))
     }
+
+    /// Its labels as its sidecar's `--labels` (what AuthorizationPolicy
+    /// selectors match): `app=<service>` and its deployment's.
+    pub fn labels_arg(&self) -> String {
+        std::iter::once(format!("app={}", self.service))
+            .chain(
+                self.labels
+                    .iter()
+                    .filter(|(k, _)| *k != "app")
+                    .map(|(k, v)| format!("{k}={v}")),
+            )
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
 
 /// What `minimesh apply` and `minimesh get` need to find a running mesh;

@@ -75,6 +75,8 @@ pub struct AppTemplate {
     pub client_idle_timeout: Option<Duration>,
     /// Client head bounds.
     pub head_limits: crate::proxy::HeadLimits,
+    /// The authorization policies each app port's proxy enforces.
+    pub authz: Arc<crate::authz::Shared>,
 }
 
 impl Capture {
@@ -117,6 +119,7 @@ impl Capture {
             head_limits: t.head_limits,
             inbound: true,
             edge: None,
+            authz: Some((t.authz.clone(), port)),
         });
         apps.insert(port, proxy.clone());
         Some(proxy)

@@ -24,6 +24,23 @@ pub(crate) fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// An inbound request authorization denies: 403 with Istio's body
+/// (`RBAC: access denied`), so that clients and tests written for Istio
+/// read it the same.
+pub(crate) fn rbac_denied() -> Response<ResponseBody> {
+    let mut r = Response::new(Either::Right(Full::new(Bytes::from_static(
+        b"RBAC: access denied",
+    ))));
+    *r.status_mut() = StatusCode::FORBIDDEN;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r.headers_mut().insert(
+        HeaderName::from_static(ERROR_HEADER),
+        HeaderValue::from_static("RBAC: access denied"),
+    );
+    r
+}
+
 /// A response minimesh answers itself, with the reason in a header and the body.
 pub fn local(status: StatusCode, reason: &str) -> Response<ResponseBody> {
     let mut r = Response::new(Either::Right(Full::new(Bytes::from(format!(

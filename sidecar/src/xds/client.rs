@@ -16,7 +16,9 @@ use minimesh_proto::v1::{
     Cluster, ClusterLoadAssignment, DiscoveryRequest, DiscoveryResponse, ErrorDetail, Node, Route,
 };
 use minimesh_proto::v1::{MtlsMode, PeerAuthentication};
-use minimesh_proto::{ALL_TYPES, CLUSTER_TYPE, ENDPOINTS_TYPE, PEER_AUTH_TYPE, ROUTE_TYPE};
+use minimesh_proto::{
+    ALL_TYPES, AUTHZ_TYPE, CLUSTER_TYPE, ENDPOINTS_TYPE, PEER_AUTH_TYPE, ROUTE_TYPE,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
@@ -47,6 +49,8 @@ pub struct XdsClient {
     pub routing: Arc<ArcSwap<Routing>>,
     /// Set once every type has been received.
     pub ready: Arc<AtomicBool>,
+    /// Where the AuthorizationPolicies that apply to this workload go.
+    pub authz: Arc<crate::authz::Shared>,
     /// Connection settings of clusters whose rule sets none.
     pub pool_defaults: crate::pool::PoolSettings,
     /// The workload's token (`--token-file`), sent when the file exists.
@@ -127,6 +131,17 @@ impl XdsClient {
             };
             let applied = if t == PEER_AUTH_TYPE {
                 inbound_mode(&resp, &self.node.namespace).map(crate::tls::set_inbound_mode)
+            } else if t == AUTHZ_TYPE {
+                decode_all::<minimesh_proto::v1::Authorization>(&resp).map(|all| {
+                    let a = crate::authz::Authz::compile(
+                        &all,
+                        &self.node.namespace,
+                        &self.aliases.labels,
+                    );
+                    let (deny, allow) = a.counts();
+                    info!(deny, allow, "authorization policies applied");
+                    self.authz.set(a);
+                })
             } else {
                 apply(t, &resp, resources)
             };
@@ -143,9 +158,11 @@ impl XdsClient {
                     );
                     self.routing.store(Arc::new(routing));
                     health.reconcile(resources.clusters(), &self.routing);
-                    // Ready with routing: a control plane that serves no
-                    // PeerAuthentication (an older one) leaves PERMISSIVE.
-                    if [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE]
+                    // Ready with routing and the authorization policies
+                    // (until they arrive, the inbound listener lets nothing
+                    // in); a control plane that serves no PeerAuthentication
+                    // (an older one) leaves PERMISSIVE.
+                    if [CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE, AUTHZ_TYPE]
                         .iter()
                         .all(|t| received.contains_key(t))
                     {

@@ -83,7 +83,8 @@ impl CapturePod {
             .spawn()
             .context("starting the capture pod's app")?;
         let (o, e) = log("sidecar")?;
-        // No control plane: both inbound listeners serve without config.
+        // No control plane: both inbound listeners serve without config
+        // (allowed to before the policies arrive, which they never do).
         // Its discovery client's reconnects cost both paths alike.
         let sidecar = Command::new("ip")
             .args(["netns", "exec", &ns])
@@ -99,6 +100,7 @@ impl CapturePod {
             ])
             .args(["--inbound-capture", "0.0.0.0:15006"])
             .args(["--admin", &format!("{ip}:15000")])
+            .args(["--inbound-before-config", "allow"])
             .args(["--worker-threads", &PEER_WORKERS.to_string()])
             .stdout(o)
             .stderr(e)
