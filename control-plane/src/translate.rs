@@ -535,6 +535,7 @@ fn endpoints_for(
                 zone: ep.zone.clone().unwrap_or_default(),
                 pod,
                 mtls: false,
+                service_accounts: vec![],
             });
         }
     }

@@ -155,6 +155,8 @@ fn config(admin: &Admin) -> serde_json::Value {
                         "health_check_failing": e.is_health_check_failing(),
                         "requests": e.counters().issued(),
                         "mtls": e.pool().mtls(),
+                        "identities": e.pool().peer().map(|p| p.accounts().to_vec()).unwrap_or_default(),
+                        "identity_refused": e.pool().peer().map_or(0, |p| p.refused()),
                     })
                 })
                 .collect();

@@ -358,7 +358,7 @@ impl H2Pool {
         addr: SocketAddr,
         settings: &PoolSettings,
         open: &Arc<AtomicU32>,
-        mtls: bool,
+        peer: Option<&crate::tls::Peer>,
     ) -> Result<H2Stream, UpstreamError> {
         let l = &self.loops[crate::upstream::event_loop() as usize % self.loops.len()];
         match self.take(l, settings).await {
@@ -370,7 +370,7 @@ impl H2Pool {
             Taken::Failed(e) => Err(e),
             Taken::Dial => {
                 let mut dialing = Dialing { l, failure: None };
-                let send = match dial(addr, settings, open, mtls).await {
+                let send = match dial(addr, settings, open, peer).await {
                     Ok(send) => send,
                     Err(e) => {
                         dialing.failure = DialFailure::of(&e);
@@ -410,7 +410,7 @@ impl H2Pool {
         addr: SocketAddr,
         settings: &PoolSettings,
         open: &Arc<AtomicU32>,
-        mtls: bool,
+        peer: Option<&crate::tls::Peer>,
         mut s: H2Stream,
         mut req: Request<RequestBody>,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
@@ -428,7 +428,7 @@ impl H2Pool {
                         debug!(%addr, error = %e.error(), "pooled HTTP/2 connection closed before the request went out; sending it on another");
                         req = back;
                         tries += 1;
-                        s = self.stream(addr, settings, open, mtls).await?;
+                        s = self.stream(addr, settings, open, peer).await?;
                     }
                     _ => return Err(UpstreamError::H2(e.into_error())),
                 },
@@ -466,10 +466,10 @@ async fn dial(
     addr: SocketAddr,
     settings: &PoolSettings,
     open: &Arc<AtomicU32>,
-    mtls: bool,
+    peer: Option<&crate::tls::Peer>,
 ) -> Result<SendRequest<RequestBody>, UpstreamError> {
     let timeout = settings.connect_timeout;
-    let stream = crate::tls::connect(addr, timeout, mtls, true)
+    let stream = crate::tls::connect(addr, timeout, peer, true)
         .await
         .map_err(|e| UpstreamError::of_dial(e, timeout))?;
     let mut builder = Builder::new(TokioExecutor::new());
@@ -574,10 +574,10 @@ mod tests {
     }
 
     async fn call(pool: &H2Pool, addr: SocketAddr, s: &PoolSettings, open: &Arc<AtomicU32>) {
-        let stream = pool.stream(addr, s, open, false).await.expect("stream");
+        let stream = pool.stream(addr, s, open, None).await.expect("stream");
         let req = get();
         let resp = pool
-            .send(addr, s, open, false, stream, req)
+            .send(addr, s, open, None, stream, req)
             .await
             .expect("send");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -625,7 +625,7 @@ mod tests {
         let pool = H2Pool::new(1);
         let open = Arc::new(AtomicU32::new(0));
         let try_one = || async {
-            match pool.stream(addr, &SETTINGS, &open, false).await {
+            match pool.stream(addr, &SETTINGS, &open, None).await {
                 Err(e) => assert!(e.is_connect(), "{e}"),
                 Ok(_) => panic!("connected to a closed port"),
             }
@@ -678,7 +678,7 @@ mod tests {
         // A stream on the pooled connection; then the server goes away and
         // the client's connection ends before the request is written.
         let stream = pool
-            .stream(addr, &SETTINGS, &open, false)
+            .stream(addr, &SETTINGS, &open, None)
             .await
             .expect("stream");
         assert!(!stream.fresh);
@@ -690,7 +690,7 @@ mod tests {
         }
         let req = get();
         let resp = pool
-            .send(addr, &SETTINGS, &open, false, stream, req)
+            .send(addr, &SETTINGS, &open, None, stream, req)
             .await
             .expect("sent on a new connection");
         let body = resp.into_body().collect().await.expect("body").to_bytes();

@@ -134,7 +134,8 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
                 body,
             );
             let conns = ConnPool::default();
-            conns.set_mtls(ep.pool().mtls());
+            let peer = ep.pool().peer();
+            conns.set_mtls(peer.is_some(), peer.as_ref().map_or(&[], |p| p.accounts()));
             return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick(), &mut || true).await, Ok(r) if r.status().is_success());
         }
         Probe::H2(path) => (Method::GET, path.to_string(), Bytes::new()),
@@ -156,7 +157,7 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
     let pool = crate::h2::H2Pool::new(1);
     let open = Arc::default();
     let Ok(stream) = pool
-        .stream(ep.addr, &settings, &open, ep.pool().mtls())
+        .stream(ep.addr, &settings, &open, ep.pool().peer().as_deref())
         .await
     else {
         return false;
@@ -170,7 +171,14 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
         http_body_util::Either::Left(http_body_util::Full::new(body)),
     );
     let Ok(resp) = pool
-        .send(ep.addr, &settings, &open, ep.pool().mtls(), stream, req)
+        .send(
+            ep.addr,
+            &settings,
+            &open,
+            ep.pool().peer().as_deref(),
+            stream,
+            req,
+        )
         .await
     else {
         return false;

@@ -55,7 +55,7 @@ type EndpointValue = fn(&EndpointState) -> u64;
 
 /// Gauges and counters with one value per endpoint: name (counters without
 /// `_total`, which the encoder adds), help, type, value.
-const ENDPOINT_SERIES: [(&str, &str, MetricType, EndpointValue); 6] = [
+const ENDPOINT_SERIES: [(&str, &str, MetricType, EndpointValue); 7] = [
     (
         "minimesh_endpoint_connections",
         "Upstream connections open to the endpoint (busy and idle)",
@@ -91,6 +91,12 @@ const ENDPOINT_SERIES: [(&str, &str, MetricType, EndpointValue); 6] = [
         "1 while the endpoint is skipped after a connect failure",
         MetricType::Gauge,
         |e| u64::from(e.is_failing()),
+    ),
+    (
+        "minimesh_endpoint_identity_refused",
+        "Mutual TLS connections refused for secure naming: the endpoint's certificate named an identity its pod does not have",
+        MetricType::Counter,
+        |e| e.pool().peer().map_or(0, |p| p.refused()),
     ),
 ];
 

@@ -89,8 +89,9 @@ pub struct ConnPool {
     /// HTTP/2 connections, made on first use: most endpoints never have any.
     h2: std::sync::OnceLock<crate::h2::H2Pool>,
     /// The endpoint runs a sidecar: new connections to it are mutual TLS
-    /// (when this sidecar has the mesh's TLS; see [`crate::tls`]).
-    mtls: std::sync::atomic::AtomicBool,
+    /// (when this sidecar has the mesh's TLS; see [`crate::tls`]), to a
+    /// server whose certificate names an identity of its pod.
+    peer: arc_swap::ArcSwapOption<crate::tls::Peer>,
 }
 
 impl Default for ConnPool {
@@ -134,18 +135,34 @@ impl ConnPool {
             idle: (0..loops.max(1)).map(|_| Stack::default()).collect(),
             open: Arc::default(),
             h2: std::sync::OnceLock::new(),
-            mtls: Default::default(),
+            peer: Default::default(),
         }
     }
 
-    /// Whether new connections are mutual TLS (the endpoint runs a sidecar).
-    pub fn set_mtls(&self, on: bool) {
-        self.mtls.store(on, Ordering::Relaxed);
+    /// Whether new connections are mutual TLS (the endpoint runs a sidecar),
+    /// and to which identities (`namespace/service account`; none: any of
+    /// the trust domain). Unchanged, the count of refusals is kept.
+    pub fn set_mtls(&self, on: bool, accounts: &[String]) {
+        let current = self.peer.load();
+        let same = match (&*current, on) {
+            (None, false) => true,
+            (Some(p), true) => p.accounts() == accounts,
+            _ => false,
+        };
+        if !same {
+            self.peer
+                .store(on.then(|| Arc::new(crate::tls::Peer::new(accounts.to_vec()))));
+        }
+    }
+
+    /// What new connections expect of the endpoint: None, plaintext.
+    pub fn peer(&self) -> Option<Arc<crate::tls::Peer>> {
+        self.peer.load_full()
     }
 
     /// True when new connections are mutual TLS.
     pub fn mtls(&self) -> bool {
-        self.mtls.load(Ordering::Relaxed)
+        self.peer.load().is_some()
     }
 
     /// Connections open now (busy and idle, HTTP/1.1 and HTTP/2).
@@ -167,7 +184,7 @@ impl ConnPool {
         settings: &PoolSettings,
     ) -> Result<crate::h2::H2Stream, UpstreamError> {
         self.h2()
-            .stream(addr, settings, &self.open, self.mtls())
+            .stream(addr, settings, &self.open, self.peer().as_deref())
             .await
     }
 
@@ -180,7 +197,14 @@ impl ConnPool {
         req: http::Request<crate::h2::RequestBody>,
     ) -> Result<http::Response<crate::h2::ResponseBody>, UpstreamError> {
         self.h2()
-            .send(addr, settings, &self.open, self.mtls(), stream, req)
+            .send(
+                addr,
+                settings,
+                &self.open,
+                self.peer().as_deref(),
+                stream,
+                req,
+            )
             .await
     }
 
@@ -303,7 +327,7 @@ impl ConnPool {
     }
 
     async fn connect(&self, addr: SocketAddr, timeout: Duration) -> Result<Conn, UpstreamError> {
-        let io = crate::tls::connect(addr, timeout, self.mtls(), false)
+        let io = crate::tls::connect(addr, timeout, self.peer().as_deref(), false)
             .await
             .map_err(|e| UpstreamError::of_dial(e, timeout))?;
         Ok(Conn::new(io, &self.open))

@@ -64,7 +64,8 @@ where
         let active = endpoint.start();
         let started = tokio::time::Instant::now();
         let timeout = cluster.pool.connect_timeout;
-        match crate::tls::dial(endpoint.addr, timeout, endpoint.pool().mtls(), Alpn::Tcp).await {
+        let peer = endpoint.pool().peer();
+        match crate::tls::dial(endpoint.addr, timeout, peer.as_deref(), Alpn::Tcp).await {
             Ok(mut upstream) => {
                 endpoint.mark_reachable();
                 let us = started.elapsed().as_micros() as u64;

@@ -153,12 +153,15 @@ impl Mesh {
     }
 
     /// A TLS connection to another sidecar's inbound listener at `addr`,
-    /// for what `alpn` names.
+    /// for what `alpn` names, whose certificate names an identity `peer`
+    /// expects (secure naming): another is a failed connect, counted on
+    /// `peer` and logged once for it; nothing was sent.
     pub async fn connect(
         &self,
         tcp: TcpStream,
         addr: SocketAddr,
         alpn: Alpn,
+        peer: &Peer,
     ) -> std::io::Result<Io> {
         let config = match alpn {
             Alpn::Http1 => &self.client_h1,
@@ -169,7 +172,32 @@ impl Mesh {
         let stream = connector
             .connect(ServerName::IpAddress(addr.ip().into()), tcp)
             .await?;
-        Ok(Io::Client(Box::new(stream)))
+        let io = Io::Client(Box::new(stream));
+        let presented = io.peer_identity();
+        if presented
+            .as_deref()
+            .is_some_and(|id| peer.accepts(id, &self.trust_domain))
+        {
+            return Ok(io);
+        }
+        peer.refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !peer.logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                endpoint = %addr,
+                expected = ?peer.accounts,
+                presented = presented.as_deref().unwrap_or("none"),
+                "secure naming: the endpoint's certificate names an identity its pod does not have; connection refused (logged once per endpoint, counted in minimesh_endpoint_identity_refused)"
+            );
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "secure naming: {addr} presented {}, not one of {:?}",
+                presented.as_deref().unwrap_or("no identity"),
+                peer.accounts
+            ),
+        ))
     }
 
     /// The server side of a TLS connection a client opened.
@@ -179,18 +207,68 @@ impl Mesh {
     }
 }
 
+/// What a caller expects of an endpoint that runs a sidecar: a server
+/// certificate naming one of its pod's identities (secure naming), and the
+/// count of those refused. Shared by the endpoint's connections.
+#[derive(Debug, Default)]
+pub struct Peer {
+    /// `namespace/service account` pairs; empty: any of the trust domain.
+    accounts: Vec<String>,
+    refused: std::sync::atomic::AtomicU64,
+    logged: std::sync::atomic::AtomicBool,
+}
+
+impl Peer {
+    /// Expects one of `accounts` (`namespace/service account`; none: any).
+    pub fn new(accounts: Vec<String>) -> Peer {
+        Peer {
+            accounts,
+            ..Peer::default()
+        }
+    }
+
+    /// The identities expected.
+    pub fn accounts(&self) -> &[String] {
+        &self.accounts
+    }
+
+    /// Certificates refused for naming another identity.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True when `id` (a SPIFFE ID) is one this endpoint may present:
+    /// `spiffe://<trust_domain>/ns/<ns>/sa/<sa>` of an expected pair.
+    pub fn accepts(&self, id: &str, trust_domain: &str) -> bool {
+        if !in_domain(id, trust_domain) {
+            return false;
+        }
+        if self.accounts.is_empty() {
+            return true;
+        }
+        let path = &id["spiffe://".len() + trust_domain.len()..];
+        let Some((ns, sa)) = path.strip_prefix("/ns/").and_then(|p| p.split_once("/sa/")) else {
+            return false;
+        };
+        self.accounts
+            .iter()
+            .any(|a| a.split_once('/') == Some((ns, sa)))
+    }
+}
+
 /// Connects to `addr` within `timeout`: over mutual TLS when the endpoint
-/// runs a sidecar (`mtls`) and this one has the mesh's TLS, else plaintext.
-/// A failed handshake is a failed connect: the request was not sent. Out of
+/// runs a sidecar (`peer`: what its certificate must name) and this one has
+/// the mesh's TLS, else plaintext. A failed handshake, or a certificate of
+/// another identity, is a failed connect: the request was not sent. Out of
 /// time is an error of kind `TimedOut`.
 pub async fn connect(
     addr: SocketAddr,
     timeout: Duration,
-    mtls: bool,
+    peer: Option<&Peer>,
     h2: bool,
 ) -> std::io::Result<Io> {
     let alpn = if h2 { Alpn::Http2 } else { Alpn::Http1 };
-    dial(addr, timeout, mtls, alpn).await
+    dial(addr, timeout, peer, alpn).await
 }
 
 /// What a mutual TLS connection to another sidecar carries, told by ALPN so
@@ -213,15 +291,15 @@ pub const ALPN_TCP: &[u8] = b"minimesh-tcp";
 pub async fn dial(
     addr: SocketAddr,
     timeout: Duration,
-    mtls: bool,
+    peer: Option<&Peer>,
     alpn: Alpn,
 ) -> std::io::Result<Io> {
     let dial = async {
         let tcp = TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
-        match mesh().filter(|_| mtls) {
-            Some(m) => m.connect(tcp, addr, alpn).await,
-            None => Ok(Io::Plain(tcp)),
+        match (mesh(), peer) {
+            (Some(m), Some(peer)) => m.connect(tcp, addr, alpn, peer).await,
+            _ => Ok(Io::Plain(tcp)),
         }
     };
     match tokio::time::timeout(timeout, dial).await {
@@ -370,6 +448,25 @@ pub fn spiffe_id(cert: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secure_naming_accepts_only_the_expected_service_accounts() {
+        let p = Peer::new(vec!["default/backend".into()]);
+        assert!(p.accepts("spiffe://cluster.local/ns/default/sa/backend", "cluster.local"));
+        for other in [
+            "spiffe://cluster.local/ns/default/sa/web",
+            "spiffe://cluster.local/ns/other/sa/backend",
+            "spiffe://other.domain/ns/default/sa/backend",
+            "spiffe://cluster.local/ns/default/sa/backend/x",
+            "spiffe://cluster.local/ns/default/sa/backendx",
+        ] {
+            assert!(!p.accepts(other, "cluster.local"), "{other}");
+        }
+        // Nothing known of the pod: any identity of the trust domain.
+        let any = Peer::new(vec![]);
+        assert!(any.accepts("spiffe://cluster.local/ns/a/sa/b", "cluster.local"));
+        assert!(!any.accepts("spiffe://evil/ns/a/sa/b", "cluster.local"));
+    }
 
     #[test]
     fn spiffe_ids_belong_to_their_trust_domain_only() {

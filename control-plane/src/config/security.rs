@@ -127,9 +127,21 @@ impl PeerAuthentication {
 pub struct Pod {
     /// Object metadata (its labels).
     pub metadata: ObjectMeta,
+    /// Its spec (its service account).
+    #[serde(default)]
+    pub spec: PodSpec,
     /// Its status (its address).
     #[serde(default)]
     pub status: PodStatus,
+}
+
+/// `Pod.spec` (the field minimesh uses).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// The service account its workload runs as (`default` when unset).
+    #[serde(default)]
+    pub service_account_name: Option<String>,
 }
 
 /// `Pod.status` (the fields minimesh uses).
@@ -185,6 +197,20 @@ impl Pod {
             annotations.map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .ok()
+    }
+
+    /// The identity its sidecar's certificate names, as
+    /// `<namespace>/<service account>`.
+    pub fn service_account(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or("default"),
+            self.spec
+                .service_account_name
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("default")
+        )
     }
 
     /// Every address of the pod.

@@ -16,6 +16,8 @@ use crate::store::Store;
 pub struct Meshed<'a> {
     listeners: BTreeSet<(&'a str, u16)>,
     captured: BTreeMap<&'a str, minimesh_proto::capture::CaptureSettings>,
+    /// The identity (`namespace/service account`) of the pod at each address.
+    accounts: BTreeMap<&'a str, String>,
 }
 
 impl Meshed<'_> {
@@ -34,7 +36,9 @@ pub fn meshed_ips(store: &Store) -> Meshed<'_> {
     let mut m = Meshed::default();
     for p in store.pods.values().filter(|p| p.meshed()) {
         let capture = p.capture();
+        let account = p.service_account();
         for ip in p.ips() {
+            m.accounts.insert(ip, account.clone());
             m.listeners.insert((ip, p.inbound_port()));
             if let Some(c) = &capture {
                 m.captured.insert(ip, c.clone());
@@ -46,25 +50,23 @@ pub fn meshed_ips(store: &Store) -> Meshed<'_> {
 
 /// Marks the endpoints callers speak mutual TLS to: by the rule's
 /// `tls.mode`, or (none) those that reach a sidecar (an endpoint on another
-/// port of a pod whose connections are not captured is its app's own).
+/// port of a pod whose connections are not captured is its app's own);
+/// and, for secure naming, the identity of the meshed pod behind each.
 pub fn mark_meshed(endpoints: &mut [Endpoint], meshed: &Meshed<'_>, mode: TlsMode) {
     for e in endpoints {
-        match mode {
-            TlsMode::Disable => {
-                e.mtls = false;
-                continue;
-            }
-            TlsMode::IstioMutual => {
-                e.mtls = true;
-                continue;
-            }
-            TlsMode::Auto => {}
-        }
         let Some((ip, port)) = e.address.rsplit_once(':') else {
             continue;
         };
         let ip = ip.trim_start_matches('[').trim_end_matches(']');
-        e.mtls = port.parse().is_ok_and(|port| meshed.contains(ip, port));
+        e.mtls = match mode {
+            TlsMode::Disable => false,
+            TlsMode::IstioMutual => true,
+            TlsMode::Auto => port.parse().is_ok_and(|port| meshed.contains(ip, port)),
+        };
+        e.service_accounts = match (e.mtls, meshed.accounts.get(ip)) {
+            (true, Some(a)) => vec![a.clone()],
+            _ => vec![],
+        };
     }
 }
 

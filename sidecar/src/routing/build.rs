@@ -288,7 +288,7 @@ impl Resources {
                         EndpointState::present_from_start(addr, e.pod.clone())
                     }
                 });
-                state.pool().set_mtls(e.mtls);
+                state.pool().set_mtls(e.mtls, &e.service_accounts);
                 kept.insert(addr, state.clone());
                 weights.insert(addr, e.weight.max(1));
                 eps.push((state, e.weight.max(1)));
