@@ -58,6 +58,7 @@ fn assignment(name: &str, s: usize, generation: u32) -> ClusterLoadAssignment {
                 zone: String::new(),
                 pod: format!("svc-{s}-{i}"),
                 mtls: false,
+                service_accounts: vec![],
             })
             .collect(),
     }

@@ -130,6 +130,7 @@ mod tests {
             zone: zone.into(),
             pod: String::new(),
             mtls: false,
+            service_accounts: vec![],
         }
     }
 
