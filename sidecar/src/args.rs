@@ -157,8 +157,22 @@ pub struct Args {
     /// are each bounded by it). The default, 75s, is nginx's keepalive_timeout. A client whose pool
     /// keeps idle connections longer (Go and hyper: 90s) sees them closed
     /// and opens new ones.
+    /// Over HTTP/2 (and for a client whose first bytes do not tell its
+    /// version yet, such as one that sent `P` and stopped), a connection
+    /// with no request in flight for this long is closed too: GOAWAY, then
+    /// dropped a quarter of a second later if it has not closed (nginx's
+    /// `http2_idle_timeout`, which is its keepalive_timeout).
     #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]
     pub client_idle_timeout: Duration,
+    /// Most client connections each proxy listener (outbound, inbound,
+    /// inbound capture) serves at once; a connection beyond it is accepted
+    /// and closed at once, and counted
+    /// (`minimesh_listener_connections_refused_total`). The default,
+    /// 50000, is Envoy's suggested `max_downstream_connection` for an edge
+    /// proxy; keep it under the process's descriptor limit.
+    #[arg(long, env = "MINIMESH_MAX_CONNECTIONS", default_value_t = 50_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
     /// Largest request head a client may send, in KiB: the request line
     /// and headers together over HTTP/1.1, the header list over HTTP/2
     /// (Envoy's `max_request_headers_kb`). A larger one is answered 431.

@@ -116,9 +116,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         "outbound"
     };
-    let out_loops = listener::Loops::new(loops);
-    let in_loops = listener::Loops::new(loops);
-    let capture_loops = listener::Loops::new(loops);
+    let max = args.max_connections as usize;
+    let out_loops = listener::Loops::with_max(loops, max);
+    let in_loops = listener::Loops::with_max(loops, max);
+    let capture_loops = listener::Loops::with_max(loops, max);
     let mut listeners = vec![(name, out_loops.clone())];
     if args.inbound.is_some() && args.app.is_some() {
         listeners.push(("inbound", in_loops.clone()));

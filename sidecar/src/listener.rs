@@ -4,7 +4,7 @@
 //! shutdown.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use crate::proxy::Proxy;
 pub mod captured;
 mod detect;
 mod drain;
+mod idle;
 mod orig_dst;
 mod sniff;
 use captured::Capture;
@@ -34,17 +35,67 @@ use sniff::Speaks;
 pub struct Loops {
     open: Vec<AtomicUsize>,
     handoff: Vec<std::sync::Mutex<Option<mpsc::UnboundedSender<Handoff>>>>,
+    /// Most connections served at once (`--max-connections`).
+    max: usize,
+    /// Connections closed at once for being beyond `max`.
+    refused: AtomicU64,
+    /// When a failed accept (descriptors exhausted) was last logged, and
+    /// how many failed since.
+    accept_failed_logged_ms: AtomicU64,
+    accept_failures: AtomicU64,
 }
 
 type Handoff = (std::net::TcpStream, SocketAddr);
 
 impl Loops {
-    /// `n` loops (at least one).
+    /// `n` loops (at least one), with no bound on connections.
     pub fn new(n: usize) -> Arc<Loops> {
+        Loops::with_max(n, usize::MAX)
+    }
+
+    /// `n` loops (at least one) serving at most `max` connections together.
+    pub fn with_max(n: usize, max: usize) -> Arc<Loops> {
         Arc::new(Loops {
             open: (0..n.max(1)).map(|_| AtomicUsize::new(0)).collect(),
             handoff: (0..n.max(1)).map(|_| std::sync::Mutex::new(None)).collect(),
+            max,
+            refused: AtomicU64::new(0),
+            accept_failed_logged_ms: AtomicU64::new(0),
+            accept_failures: AtomicU64::new(0),
         })
+    }
+
+    /// Connections refused for being beyond the bound.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// True when the loops serve as many connections as they may.
+    fn full(&self) -> bool {
+        self.max != usize::MAX
+            && self
+                .open
+                .iter()
+                .map(|o| o.load(Ordering::Relaxed))
+                .sum::<usize>()
+                >= self.max
+    }
+
+    /// Logs a failed accept, at most once a second (with how many failed
+    /// meanwhile): out of descriptors, every accept fails at once.
+    fn accept_failed(&self, listener: &str, e: &std::io::Error) {
+        let failed = self.accept_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = crate::clock::precise_ms();
+        let last = self.accept_failed_logged_ms.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= 1000)
+            && self
+                .accept_failed_logged_ms
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.accept_failures.store(0, Ordering::Relaxed);
+            warn!(listener, error = %e, failed, "accept failed (logged at most once a second; `failed` counts since the last line)");
+        }
     }
 
     /// How many loops.
@@ -213,8 +264,7 @@ async fn serve_http(
     } = conn;
     // A plaintext inbound connection (PERMISSIVE) ends when the mode
     // becomes STRICT, as at shutdown.
-    let until_strict =
-        (proxy.inbound && matches!(io, crate::tls::Io::Plain(_))).then_some(shutdown);
+    let closes_on_strict = proxy.inbound && matches!(io, crate::tls::Io::Plain(_));
     // Who the mutual TLS peer is, once per connection, for an inbound
     // listener's authorization.
     let caller: Option<Arc<str>> = match proxy.authz {
@@ -223,18 +273,50 @@ async fn serve_http(
     };
     let io = TokioIo::new(io);
     let config = Config::of(&proxy, coarse);
-    let svc =
-        hyper::service::service_fn(move |req| proxy.handle_to(req, peer, dst, caller.as_deref()));
     match speaks {
         Speaks::Http1 => {
+            let svc = hyper::service::service_fn(move |req| {
+                proxy.handle_to(req, peer, dst, caller.as_deref())
+            });
             let conn = config.http1().serve_connection(io, svc);
-            run(conn, counted, peer, until_strict).await;
+            let watch = Watch {
+                shutdown: closes_on_strict.then_some(shutdown),
+                strict: closes_on_strict,
+                idle: None,
+            };
+            run(conn, counted, peer, watch).await;
         }
         Speaks::Http2 | Speaks::Unsure => {
+            // hyper's header timeout is HTTP/1.1's: this connection's idle
+            // bound (and its first bytes') is [`idle`]'s.
+            let activity = idle::Activity::new();
+            let idle = config.idle.map(|d| (activity.clone(), d));
+            let svc = hyper::service::service_fn(move |req| {
+                let request = activity.start();
+                let answer = proxy.handle_to(req, peer, dst, caller.as_deref());
+                async move {
+                    let r = answer.await?;
+                    Ok::<_, std::convert::Infallible>(r.map(|b| idle::Held::new(b, request)))
+                }
+            });
             let conn = config.auto().serve_connection(io, svc).into_owned();
-            run(conn, counted, peer, until_strict).await;
+            let watch = Watch {
+                shutdown: Some(shutdown),
+                strict: closes_on_strict,
+                idle,
+            };
+            run(conn, counted, peer, watch).await;
         }
     }
+}
+
+/// What else ends a connection besides its client: the drain (with
+/// `shutdown`), STRICT mutual TLS coming into force (a plaintext inbound
+/// one, `strict`), and its idle bound (`idle`: its activity and timeout).
+struct Watch {
+    shutdown: Option<watch::Receiver<bool>>,
+    strict: bool,
+    idle: Option<(Arc<idle::Activity>, Duration)>,
 }
 
 /// How a loop's hyper servers are set up. hyper's header read timeout runs
@@ -302,19 +384,16 @@ impl Config {
 }
 
 /// Serves `conn` until it ends, counted by `counted` and gracefully closed
-/// when the drain starts; with `until_strict` (a plaintext inbound
-/// connection), also when STRICT mutual TLS comes into force (requests in
-/// flight answered, then the close or GOAWAY).
-async fn run<C, E>(
-    conn: C,
-    counted: drain::Counted,
-    peer: SocketAddr,
-    until_strict: Option<watch::Receiver<bool>>,
-) where
+/// when the drain starts; as `watch` says, also when STRICT mutual TLS
+/// comes into force (requests in flight answered, then the close or
+/// GOAWAY), and once idle too long (then dropped if it has not closed
+/// within [`idle::GRACE`]).
+async fn run<C, E>(conn: C, counted: drain::Counted, peer: SocketAddr, watch: Watch)
+where
     C: Graceful<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    let Some(mut shutdown) = until_strict else {
+    let Some(mut shutdown) = watch.shutdown else {
         if let Err(e) = Drained::new(conn, counted).await {
             debug!(%peer, error = %e, "connection ended");
         }
@@ -323,6 +402,17 @@ async fn run<C, E>(
     let _counted = counted;
     tokio::pin!(conn);
     let mut closing = false;
+    let (activity, idle) = match watch.idle {
+        Some((a, d)) => (Some(a), d),
+        None => (None, Duration::MAX),
+    };
+    let mut check = tokio::time::interval(
+        (idle / 8).clamp(Duration::from_millis(50), Duration::from_secs(3600)),
+    );
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let idled = tokio::time::sleep(Duration::MAX / 4);
+    tokio::pin!(idled);
+    let mut idle_closing = false;
     loop {
         tokio::select! {
             ended = conn.as_mut() => {
@@ -331,7 +421,7 @@ async fn run<C, E>(
                 }
                 return;
             }
-            _ = crate::tls::became_strict(), if !closing => {
+            _ = crate::tls::became_strict(), if watch.strict && !closing => {
                 debug!(%peer, "closing a plaintext connection: STRICT mutual TLS is now in force");
                 conn.as_mut().graceful_shutdown();
                 closing = true;
@@ -339,6 +429,21 @@ async fn run<C, E>(
             _ = shutdown.wait_for(|s| *s), if !closing => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
+            }
+            _ = check.tick(), if activity.is_some() && !idle_closing => {
+                if activity.as_ref().is_some_and(|a| a.idle_for(idle)) {
+                    debug!(%peer, ?idle, "closing an idle connection");
+                    if !closing {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    idle_closing = true;
+                    idled.as_mut().reset(tokio::time::Instant::now() + idle::GRACE);
+                }
+            }
+            _ = &mut idled, if idle_closing => {
+                debug!(%peer, "dropping an idle connection that did not close in time");
+                return;
             }
         }
     }
@@ -404,12 +509,17 @@ pub async fn serve(
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
+                // Beyond the bound: closed at once, counted.
+                Ok(_) if loops.full() => {
+                    loops.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 Ok((stream, peer)) => match hand_over(&loops, me, stream, peer) {
                     Some(mine) => mine,
                     None => continue,
                 },
                 Err(e) => {
-                    warn!(listener = name, error = %e, "accept failed");
+                    loops.accept_failed(name, &e);
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }

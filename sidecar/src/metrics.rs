@@ -197,6 +197,20 @@ impl Collector for ProxyMetrics {
                 )?;
             }
         }
+        let mut family = encoder.encode_descriptor(
+            "minimesh_listener_connections_refused",
+            "Client connections a listener closed at once for being beyond --max-connections",
+            None,
+            MetricType::Counter,
+        )?;
+        for (listener, loops) in &self.listeners {
+            let labels = [("listener", listener.to_string())];
+            value(
+                family.encode_family(&labels)?,
+                MetricType::Counter,
+                loops.refused(),
+            )?;
+        }
         type BudgetValue = fn(&crate::retry::Budget) -> u64;
         let cluster_series: [(&str, &str, BudgetValue); 2] = [
             ("minimesh_cluster_retries", "Retries made", |b| {

@@ -452,7 +452,10 @@ mod tests {
     #[test]
     fn secure_naming_accepts_only_the_expected_service_accounts() {
         let p = Peer::new(vec!["default/backend".into()]);
-        assert!(p.accepts("spiffe://cluster.local/ns/default/sa/backend", "cluster.local"));
+        assert!(p.accepts(
+            "spiffe://cluster.local/ns/default/sa/backend",
+            "cluster.local"
+        ));
         for other in [
             "spiffe://cluster.local/ns/default/sa/web",
             "spiffe://cluster.local/ns/other/sa/backend",

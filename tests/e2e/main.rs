@@ -30,6 +30,7 @@ mod replicas;
 mod resilience;
 mod routes;
 mod scope;
+mod slow_clients;
 mod timeouts;
 mod upstream_http;
 mod virtual_service;
