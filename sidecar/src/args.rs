@@ -164,6 +164,12 @@ pub struct Args {
     /// `http2_idle_timeout`, which is its keepalive_timeout).
     #[arg(long, env = "MINIMESH_CLIENT_IDLE_TIMEOUT", default_value = "75s", value_parser = duration)]
     pub client_idle_timeout: Duration,
+    /// How long a client's request body may go without sending any of
+    /// itself (between two parts, as nginx's `client_body_timeout`, whose
+    /// default this is) before the request fails: 408 when no response has
+    /// started, the stream or connection reset otherwise; `0s`: never.
+    #[arg(long, env = "MINIMESH_CLIENT_BODY_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub client_body_timeout: Duration,
     /// Most client connections each proxy listener (outbound, inbound,
     /// inbound capture) serves at once; a connection beyond it is accepted
     /// and closed at once, and counted

@@ -43,7 +43,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 #[cfg(test)]
@@ -85,9 +84,10 @@ pub enum Error {
     /// Reading the response failed.
     #[error("reading the response: {0}")]
     Read(io::Error),
-    /// The caller's request body failed (the caller went away).
+    /// The caller's request body failed (the caller went away, or stopped
+    /// sending).
     #[error("reading the request body: {0}")]
-    RequestBody(hyper::Error),
+    RequestBody(crate::message::ClientBodyError),
     /// The response broke HTTP/1.1.
     #[error("invalid response: {0}")]
     Invalid(String),
@@ -97,6 +97,14 @@ impl Error {
     /// True when the caller's request body failed, not the endpoint.
     pub fn is_client_body(&self) -> bool {
         matches!(self, Error::RequestBody(_))
+    }
+
+    /// True when the caller's request body stopped arriving for its bound.
+    pub fn is_client_body_stalled(&self) -> bool {
+        matches!(
+            self,
+            Error::RequestBody(crate::message::ClientBodyError::Stalled(_))
+        )
     }
 
     /// True when the endpoint sent nothing back: on a reused connection,
@@ -133,7 +141,7 @@ pub struct Conn {
 
 /// How the request body goes out after the head.
 pub struct Streaming {
-    body: Incoming,
+    body: crate::message::ClientBody,
     chunked: bool,
 }
 

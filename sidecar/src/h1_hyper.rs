@@ -26,7 +26,7 @@ use hyper_util::rt::TokioIo;
 pub use crate::message::{idempotent, UpstreamBody};
 
 /// A request body as hyper sends it.
-type ReqBody = Either<Full<Bytes>, Incoming>;
+type ReqBody = Either<Full<Bytes>, crate::message::ClientBody>;
 
 /// Why an exchange on an upstream connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,11 @@ impl Error {
     /// True when the caller's request body failed, not the endpoint.
     pub fn is_client_body(&self) -> bool {
         matches!(self, Error::Hyper(e) if e.is_user())
+    }
+
+    /// True when the caller's request body stopped arriving for its bound.
+    pub fn is_client_body_stalled(&self) -> bool {
+        matches!(self, Error::Hyper(e) if crate::message::stalled(e))
     }
 
     /// True when the endpoint sent nothing back: on a reused connection,
@@ -131,7 +136,7 @@ pub struct Outgoing {
     uri: Uri,
     headers: HeaderMap,
     buffered: Option<Bytes>,
-    streaming: Option<Incoming>,
+    streaming: Option<crate::message::ClientBody>,
     idempotent: bool,
 }
 

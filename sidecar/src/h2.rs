@@ -73,25 +73,25 @@ impl Tape {
 /// at once: a streaming call that waits for an answer before it sends more
 /// must not wait on the sidecar.
 pub struct Recording {
-    inner: Incoming,
+    inner: crate::message::ClientBody,
     tape: Arc<Mutex<Tape>>,
 }
 
 impl Recording {
     /// Records `inner` on `tape`.
-    pub fn new(inner: Incoming, tape: Arc<Mutex<Tape>>) -> Recording {
+    pub fn new(inner: crate::message::ClientBody, tape: Arc<Mutex<Tape>>) -> Recording {
         Recording { inner, tape }
     }
 }
 
 impl Body for Recording {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::message::ClientBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::message::ClientBodyError>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(r) = &polled {

@@ -171,6 +171,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ready: ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
         client_idle_timeout: nonzero(args.client_idle_timeout),
+        client_body_timeout: nonzero(args.client_body_timeout),
         head_limits,
         inbound: false,
         edge: (args.mode == "gateway").then_some(proxy::Edge {
@@ -228,6 +229,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             protocol: args.app_protocol,
             pool: pool_defaults,
             client_idle_timeout: nonzero(args.client_idle_timeout),
+            client_body_timeout: nonzero(args.client_body_timeout),
             head_limits,
         };
         let capture = Arc::new(listener::captured::Capture::new(
@@ -354,6 +356,7 @@ fn inbound_proxy(
         ready: Arc::new(AtomicBool::new(true)),
         trust_forwarded_for: false,
         client_idle_timeout: nonzero(args.client_idle_timeout),
+        client_body_timeout: nonzero(args.client_body_timeout),
         head_limits,
         inbound: true,
         edge: None,

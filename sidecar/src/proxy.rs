@@ -100,6 +100,9 @@ pub struct Proxy {
     /// Closes a client connection that sends no complete request head for
     /// this long (`--client-idle-timeout`); None: never.
     pub client_idle_timeout: Option<Duration>,
+    /// Fails a request whose body stops arriving for this long
+    /// (`--client-body-timeout`); None: never.
+    pub client_body_timeout: Option<Duration>,
     /// Bounds on a client's request head.
     pub head_limits: HeadLimits,
     /// The inbound listener: other sidecars call it, over mutual TLS when
@@ -250,7 +253,13 @@ impl Proxy {
             None => cluster.retry_attempts,
         };
         // Prepared here, while hyper waits: see `Prepared::encode_h1`.
-        let req = Prepared::new(&cluster, retries, req, authority, start);
+        let req = Prepared::new(
+            &cluster,
+            retries,
+            req,
+            authority,
+            (start, self.client_body_timeout),
+        );
         Ok(Routed {
             cluster,
             req,
@@ -474,10 +483,15 @@ fn forward(
                 if let Sent::Failed(e) = &sent {
                     if e.is_client_body() {
                         // The caller's body broke (malformed chunked encoding,
-                        // or the caller went away): its error, not the
-                        // endpoint's.
+                        // the caller went away, or stopped sending): its
+                        // error, not the endpoint's.
                         let reason = format!("reading the request body: {}", source_chain(e));
-                        break 'answer local(StatusCode::BAD_REQUEST, &reason);
+                        let status = if e.is_client_body_stalled() {
+                            StatusCode::REQUEST_TIMEOUT
+                        } else {
+                            StatusCode::BAD_REQUEST
+                        };
+                        break 'answer local(status, &reason);
                     }
                 }
                 let sent = match sent {

@@ -90,6 +90,16 @@ impl UpstreamError {
             _ => false,
         }
     }
+
+    /// True when the caller's request body stopped arriving for its bound
+    /// (`--client-body-timeout`).
+    pub fn is_client_body_stalled(&self) -> bool {
+        match self {
+            UpstreamError::Request(e) => e.is_client_body_stalled(),
+            UpstreamError::H2(e) => crate::message::stalled(e),
+            _ => false,
+        }
+    }
 }
 
 thread_local! {

@@ -1,8 +1,9 @@
 //! Clients that hold connections without using them, as a hostile or
 //! broken one does: thousands that send `P` (the start of HTTP/2's
-//! preface) and stop, idle HTTP/2 connections, and connections beyond
-//! `--max-connections`. Each is closed within its bound, and a normal
-//! request meanwhile is answered at once.
+//! preface) and stop, idle HTTP/2 connections, request bodies that stop
+//! arriving, and connections beyond `--max-connections`. Each is closed
+//! (or answered 408) within its bound, and a normal request meanwhile is
+//! answered at once.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,23 @@ async fn wait_open(net: &Net, n: u64) {
     }
 }
 
+/// The status line of the response on `s`, read by `deadline` ("" if none).
+async fn response_head(s: &mut TcpStream, deadline: Instant) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout_at(deadline.into(), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
 /// Reads until the server closes; Err when it has not by `deadline`.
 async fn closed_by(s: &mut TcpStream, deadline: Instant) -> Result<(), ()> {
     let mut buf = [0u8; 512];
@@ -59,7 +77,14 @@ async fn stalled_and_idle_clients_are_closed_in_time_and_excess_connections_refu
     let _sc = net
         .sidecar(
             100,
-            &["--client-idle-timeout", "2s", "--max-connections", "2201"],
+            &[
+                "--client-idle-timeout",
+                "2s",
+                "--client-body-timeout",
+                "2s",
+                "--max-connections",
+                "2401",
+            ],
         )
         .await;
     let addr = net.addr(100, 15001);
@@ -77,6 +102,17 @@ async fn stalled_and_idle_clients_are_closed_in_time_and_excess_connections_refu
         s.write_all(H2_START).await.expect("write");
         idle_h2.push(s);
     }
+    // Request bodies that stop after 10 bytes: small ones (buffered before
+    // the request goes out) and large ones (streamed to the endpoint).
+    let mut bodies = Vec::new();
+    for i in 0..200 {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let len = if i % 2 == 0 { 1_000_000 } else { 1_000 };
+        let head =
+            format!("POST / HTTP/1.1\r\nhost: backend\r\ncontent-length: {len}\r\n\r\n0123456789");
+        s.write_all(head.as_bytes()).await.expect("write");
+        bodies.push(s);
+    }
     let opened = Instant::now();
     // Meanwhile a normal request is answered at once.
     let started = Instant::now();
@@ -86,9 +122,9 @@ async fn stalled_and_idle_clients_are_closed_in_time_and_excess_connections_refu
     assert!(took < Duration::from_millis(100), "took {took:?}");
     // At the bound (2,200 held, and one more once the request's is gone):
     // every connection beyond it is closed at once.
-    wait_open(&net, 2200).await;
+    wait_open(&net, 2400).await;
     let _filler = TcpStream::connect(addr).await.expect("connect");
-    wait_open(&net, 2201).await;
+    wait_open(&net, 2401).await;
     for i in 0..100 {
         let mut s = TcpStream::connect(addr).await.expect("connect");
         let at_once = Instant::now() + Duration::from_millis(500);
@@ -120,6 +156,13 @@ async fn stalled_and_idle_clients_are_closed_in_time_and_excess_connections_refu
         assert!(
             closed_by(s, deadline).await.is_ok(),
             "idle h2c connection {i} still open"
+        );
+    }
+    for (i, s) in bodies.iter_mut().enumerate() {
+        let head = response_head(s, deadline).await;
+        assert!(
+            head.starts_with("HTTP/1.1 408 "),
+            "stalled body {i}: {head:?}"
         );
     }
     // Room again: a new request is served.

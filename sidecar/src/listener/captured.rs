@@ -73,6 +73,8 @@ pub struct AppTemplate {
     pub pool: PoolSettings,
     /// Client connection bounds, as the proxy listeners'.
     pub client_idle_timeout: Option<Duration>,
+    /// Client body bound, as the proxy listeners'.
+    pub client_body_timeout: Option<Duration>,
     /// Client head bounds.
     pub head_limits: crate::proxy::HeadLimits,
     /// The authorization policies each app port's proxy enforces.
@@ -116,6 +118,7 @@ impl Capture {
             ready: Arc::new(AtomicBool::new(true)),
             trust_forwarded_for: false,
             client_idle_timeout: t.client_idle_timeout,
+            client_body_timeout: t.client_body_timeout,
             head_limits: t.head_limits,
             inbound: true,
             edge: None,

@@ -31,7 +31,7 @@ pub(crate) struct RequestBody {
     /// The whole body, read before the first attempt (known to be small).
     pub(crate) buffered: Option<Bytes>,
     /// The caller's body, until an attempt takes it.
-    pub(crate) streaming: Option<Incoming>,
+    pub(crate) streaming: Option<crate::message::ClientBody>,
     /// What an HTTP/2 attempt recorded of the streamed body.
     pub(crate) tape: Option<Arc<std::sync::Mutex<crate::h2::Tape>>>,
 }

@@ -169,7 +169,7 @@ pub(crate) struct Prepared {
     te_trailers: bool,
     pub(crate) body: RequestBody,
     /// A small body still to buffer ([`Prepared::read_body`]).
-    unread: Option<Incoming>,
+    unread: Option<crate::message::ClientBody>,
     /// Attempts allowed: 1 + the cluster's retries, or 1 when the body
     /// cannot be sent twice.
     pub(crate) attempts: u32,
@@ -194,7 +194,7 @@ impl Prepared {
         retries: u32,
         req: Request<Incoming>,
         authority: Option<Authority>,
-        start: tokio::time::Instant,
+        (start, body_stall): (tokio::time::Instant, Option<Duration>),
     ) -> Prepared {
         let (mut parts, body) = req.into_parts();
         let h2 = cluster.upstream_h2(parts.version);
@@ -227,8 +227,10 @@ impl Prepared {
             .upper()
             .is_some_and(|u| u <= MAX_BUFFERED_BODY)
         {
+            let body = crate::message::ClientBody::new(body, body_stall);
             (None, None, Some(body))
         } else {
+            let body = crate::message::ClientBody::new(body, body_stall);
             (None, Some(body), None)
         };
         // A buffered body can be sent again; a streamed one is recorded
@@ -295,8 +297,12 @@ impl Prepared {
                 Ok(())
             }
             Err(e) => {
+                let status = match e {
+                    crate::message::ClientBodyError::Stalled(_) => StatusCode::REQUEST_TIMEOUT,
+                    crate::message::ClientBodyError::Read(_) => StatusCode::BAD_REQUEST,
+                };
                 let reason = format!("reading request body: {e}");
-                Err(local(StatusCode::BAD_REQUEST, &reason))
+                Err(local(status, &reason))
             }
         }
     }
