@@ -184,7 +184,7 @@ where
                 "discovery"
             };
             let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
-            match auth.check(service, &metadata).await {
+            match auth.check(service, &metadata, peer_ip(&request)).await {
                 Ok(who) => {
                     request.extensions_mut().insert(Authenticated { who, auth });
                 }
@@ -193,6 +193,20 @@ where
             named(routes.call(request), path).await
         })
     }
+}
+
+/// The caller's address, as tonic records it for the connection (over TLS
+/// or not).
+fn peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let ext = request.extensions();
+    ext.get::<TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|i| i.get_ref().remote_addr())
+        })
+        .map(|a| a.ip())
 }
 
 /// A call's response, with UNIMPLEMENTED naming the path.

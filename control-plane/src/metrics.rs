@@ -51,6 +51,16 @@ pub struct AuthLabel {
     pub reason: &'static str,
 }
 
+/// Label set of a token's review.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabel {
+    /// `accepted` or `refused` (the API server's answer), `unavailable`
+    /// (it could not be asked), `cached` (answered from an earlier review),
+    /// `busy` (too many reviews in flight) or `rate_limited` (the peer sent
+    /// too many refused tokens).
+    pub result: &'static str,
+}
+
 /// Every control-plane metric.
 pub struct Metrics {
     /// Connected discovery streams.
@@ -71,6 +81,8 @@ pub struct Metrics {
     pub admission_reviews: Family<VerdictLabel, Counter>,
     /// Calls refused for their credentials.
     pub auth_refusals: Family<AuthLabel, Counter>,
+    /// Workload tokens checked on Kubernetes, by outcome.
+    pub token_reviews: Family<ReviewLabel, Counter>,
     /// Workload certificates issued.
     pub certificates_issued: Counter,
 }
@@ -88,6 +100,7 @@ impl Metrics {
             debounce_seconds: Histogram::new([0.01, 0.05, 0.1, 0.15, 0.2, 0.5, 1.0, 2.0]),
             admission_reviews: Family::default(),
             auth_refusals: Family::default(),
+            token_reviews: Family::default(),
             certificates_issued: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("minimesh");
@@ -135,6 +148,11 @@ impl Metrics {
             "auth_refusals",
             "Calls refused for their credentials, by service (certificates, discovery, load_reports) and reason (missing, invalid, namespace, unavailable)",
             m.auth_refusals.clone(),
+        );
+        r.register(
+            "token_reviews",
+            "Workload tokens checked on Kubernetes, by result: accepted or refused by the API server's TokenReview, unavailable (it could not be asked), cached (an earlier answer), busy (too many reviews in flight) or rate_limited (the peer sent too many refused tokens; no review made)",
+            m.token_reviews.clone(),
         );
         r.register(
             "certificates_issued",

@@ -54,7 +54,7 @@ impl Mesh {
         net.write(
             "pods.yaml",
             &format!(
-                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-1\n  namespace: {NS}\n  labels: {{minimesh.io/proxy: sidecar, app: backend}}\nstatus:\n  podIP: \"{}\"\n",
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-1\n  namespace: {NS}\n  labels: {{minimesh.io/proxy: sidecar, app: backend}}\nspec:\n  serviceAccountName: backend\nstatus:\n  podIP: \"{}\"\n",
                 net.ip(1)
             ),
         );

@@ -167,7 +167,8 @@ async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_to
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "backend-1", "namespace": NS,
                      "labels": {"app": "backend", "minimesh.io/proxy": "sidecar"}},
-        "spec": {"containers": [{"name": "backend", "image": "backend"}]},
+        "spec": {"serviceAccountName": "backend",
+                 "containers": [{"name": "backend", "image": "backend"}]},
         "status": {"phase": "Running", "podIP": net.ip(1).to_string(),
                    "podIPs": [{"ip": net.ip(1).to_string()}]}
     }));
@@ -297,8 +298,66 @@ async fn replicas_share_a_root_and_workloads_prove_who_they_are_with_reviewed_to
         "{metrics}"
     );
 
-    // Envoy's protocol is bound to the token's namespace too.
+    // A flood of bad tokens (20,000 in under 10 s, from one address)
+    // against the discovery port: the API server is asked at most the
+    // peer's allowance (20, then 5 a second), and the known token keeps its
+    // cached answer (no review for it).
+    let reviews_before = fake.count("CREATE tokenreviews");
     let xds = net.addr(253, 15010);
+    let flood_channel = channel(&net, xds).await;
+    let started = std::time::Instant::now();
+    use futures_util::StreamExt;
+    let refused: Vec<tonic::Code> = futures_util::stream::iter(0..20_000)
+        .map(|i| {
+            let ch = flood_channel.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                drop(tx);
+                let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+                req.metadata_mut().insert(
+                    "authorization",
+                    format!("Bearer bad-token-{i}").parse().expect("value"),
+                );
+                minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::new(ch)
+                    .stream_aggregated_resources(req)
+                    .await
+                    .map(|_| tonic::Code::Ok)
+                    .unwrap_or_else(|s| s.code())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "the flood took {took:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|c| matches!(c, tonic::Code::Unauthenticated | tonic::Code::Unavailable)),
+        "a bad token got through"
+    );
+    let reviews = fake.count("CREATE tokenreviews") - reviews_before;
+    let allowance = 20 + 5 * (took.as_secs() as usize + 1);
+    assert!(
+        reviews <= allowance,
+        "{reviews} reviews for 20,000 bad tokens in {took:?} (allowance {allowance})"
+    );
+    let (_, _, metrics) = get(net.addr(253, 15014), "localhost", "/metrics")
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains("minimesh_token_reviews_total{result=\"rate_limited\"}"),
+        "{metrics}"
+    );
+    let before_known = fake.count("CREATE tokenreviews");
+    assert!(issue(&net, xds, WEB_TOKEN).await.is_ok());
+    assert_eq!(
+        fake.count("CREATE tokenreviews"),
+        before_known,
+        "the known token was reviewed again"
+    );
+
+    // Envoy's protocol is bound to the token's namespace too.
     assert!(envoy_discovery(&net, xds, WEB_TOKEN, NS).await.is_ok());
     let other = envoy_discovery(&net, xds, WEB_TOKEN, "kube-system")
         .await

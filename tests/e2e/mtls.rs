@@ -48,7 +48,7 @@ impl Mesh {
         net.write(
             "pods.yaml",
             &format!(
-                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-1\n  namespace: {NS}\n  labels: {{minimesh.io/proxy: sidecar}}\nstatus:\n  podIP: \"{}\"\n",
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-1\n  namespace: {NS}\n  labels: {{minimesh.io/proxy: sidecar}}\nspec:\n  serviceAccountName: backend\nstatus:\n  podIP: \"{}\"\n",
                 net.ip(1)
             ),
         );

@@ -29,6 +29,9 @@ pub enum Refused {
     /// The API server could not be asked.
     #[error("credentials not checked: the API server's TokenReview failed: {0}")]
     Unavailable(String),
+    /// The peer sent too many tokens the API server refused: not reviewed.
+    #[error("credentials not checked: {0} sent too many invalid tokens; retry later")]
+    RateLimited(String),
     /// The identity may not speak for the node the call names.
     #[error("the token's identity ({who}) may not speak for namespace {namespace:?}")]
     WrongNamespace {
@@ -46,6 +49,7 @@ impl Refused {
             Refused::Missing => "missing",
             Refused::Invalid | Refused::NotAuthenticated(_) | Refused::NotWorkload(_) => "invalid",
             Refused::Unavailable(_) => "unavailable",
+            Refused::RateLimited(_) => "rate_limited",
             Refused::WrongNamespace { .. } => "namespace",
         }
     }
@@ -67,15 +71,19 @@ pub enum Authenticator {
     /// A tokens file (`--workload-tokens`; the local mesh).
     Tokens(Tokens),
     /// Projected service-account tokens, reviewed by the API server.
-    Kubernetes(super::token_review::TokenReviewer),
+    Kubernetes(Box<super::token_review::TokenReviewer>),
 }
 
 impl Authenticator {
-    /// The identity `token` proves.
-    pub async fn authenticate(&self, token: &str) -> Result<Identity, Refused> {
+    /// The identity `token`, sent from `peer`, proves.
+    pub async fn authenticate(
+        &self,
+        token: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Identity, Refused> {
         match self {
             Authenticator::Tokens(t) => t.authenticate(token),
-            Authenticator::Kubernetes(r) => r.authenticate(token).await,
+            Authenticator::Kubernetes(r) => r.authenticate(token, peer).await,
         }
     }
 }

@@ -25,17 +25,54 @@ pub struct Auth {
     pub control_plane: Option<Identity>,
     /// Refusals, by service and reason.
     pub refusals: Family<AuthLabel, Counter>,
+    /// Refusals are logged at most once a second per service and reason.
+    pub log: RefusalLog,
+}
+
+/// Lets a refusal's log line through at most once a second per service
+/// and reason, counting those held back.
+#[derive(Debug, Default)]
+pub struct RefusalLog(std::sync::Mutex<std::collections::HashMap<RefusalKind, LastLine>>);
+
+/// A refusal's service and reason.
+type RefusalKind = (&'static str, &'static str);
+
+/// When a kind's line last went out, and how many were held back since.
+type LastLine = (std::time::Instant, u64);
+
+impl RefusalLog {
+    /// Some(lines held back since the last) when this one may go out.
+    pub fn pass(&self, service: &'static str, reason: &'static str) -> Option<u64> {
+        let mut lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match lines.get_mut(&(service, reason)) {
+            Some((last, held)) if now.duration_since(*last) < std::time::Duration::from_secs(1) => {
+                *held += 1;
+                None
+            }
+            Some((last, held)) => {
+                *last = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                lines.insert((service, reason), (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 impl Auth {
-    /// The identity a call to `service` proves, or the refusal as a status.
+    /// The identity a call to `service` from `peer` proves, or the refusal
+    /// as a status.
     pub async fn check(
         &self,
         service: &'static str,
         metadata: &tonic::metadata::MetadataMap,
+        peer: Option<std::net::IpAddr>,
     ) -> Result<Identity, Status> {
         let checked = match auth::bearer(metadata) {
-            Ok(token) => self.authenticator.authenticate(token).await,
+            Ok(token) => self.authenticator.authenticate(token, peer).await,
             Err(e) => Err(e),
         };
         checked.map_err(|e| self.refuse(service, &e))
@@ -53,7 +90,11 @@ impl Auth {
     }
 
     fn refuse(&self, service: &'static str, e: &Refused) -> Status {
-        warn!(service, reason = e.reason(), "refused: {e}");
+        // At most a line a second: a flood of bad tokens is counted, not
+        // written out one by one.
+        if let Some(held) = self.log.pass(service, e.reason()) {
+            warn!(service, reason = e.reason(), also_refused = held, "refused: {e} (at most one line a second; also_refused counts the others since the last)");
+        }
         self.refusals
             .get_or_create(&AuthLabel {
                 service,
@@ -61,7 +102,7 @@ impl Auth {
             })
             .inc();
         match e {
-            Refused::Unavailable(_) => Status::unavailable(e.to_string()),
+            Refused::Unavailable(_) | Refused::RateLimited(_) => Status::unavailable(e.to_string()),
             _ => Status::unauthenticated(e.to_string()),
         }
     }
@@ -107,7 +148,11 @@ impl Certificates {
 #[tonic::async_trait]
 impl CertificateService for Certificates {
     async fn issue(&self, req: Request<IssueRequest>) -> Result<Response<IssueResponse>, Status> {
-        let who = self.auth.check("certificates", req.metadata()).await?;
+        let peer = req.remote_addr().map(|a| a.ip());
+        let who = self
+            .auth
+            .check("certificates", req.metadata(), peer)
+            .await?;
         let issued = self
             .ca
             .issue(&req.get_ref().csr_pem, &who)

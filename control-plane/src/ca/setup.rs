@@ -132,7 +132,11 @@ impl CaArgs {
         let authenticator = match (&self.workload_tokens, client) {
             (Some(path), _) => Authenticator::Tokens(Tokens::load(path)?),
             (None, Some(client)) => {
-                Authenticator::Kubernetes(TokenReviewer::new(client.clone(), &self.token_audience))
+                Authenticator::Kubernetes(Box::new(TokenReviewer::new(
+                    client.clone(),
+                    &self.token_audience,
+                    metrics.token_reviews.clone(),
+                )))
             }
             (None, None) => anyhow::bail!(
                 "--ca-dir needs --workload-tokens (outside Kubernetes nothing else can say who a workload is)"
@@ -145,6 +149,7 @@ impl CaArgs {
                 service_account: self.service_account.clone(),
             }),
             refusals: metrics.auth_refusals.clone(),
+            log: Default::default(),
         })
     }
 }
