@@ -26,9 +26,28 @@ pub struct Identity {
     pub namespace: String,
     /// Its service account.
     pub service_account: String,
+    /// The pod its token is bound to (a projected token's, on Kubernetes;
+    /// the tokens file's `pod`), when it says: the one workload that may
+    /// report load and take config with it.
+    pub pod: Option<String>,
 }
 
 impl Identity {
+    /// The same service account (whichever pod).
+    pub fn same_account(&self, other: &Identity) -> bool {
+        self.namespace == other.namespace && self.service_account == other.service_account
+    }
+
+    /// Whose voice a load report with this identity is: the pod's when the
+    /// token is bound to one, else the service account's (all its
+    /// workloads speak as one).
+    pub fn reporter(&self) -> String {
+        match &self.pod {
+            Some(pod) => format!("{pod}.{}", self.namespace),
+            None => format!("sa/{}.{}", self.service_account, self.namespace),
+        }
+    }
+
     /// Its SPIFFE ID in `trust_domain`.
     pub fn spiffe_id(&self, trust_domain: &str) -> String {
         format!(
@@ -300,6 +319,7 @@ mod tests {
             .pem()
             .expect("pem");
         let who = Identity {
+            pod: None,
             namespace: "default".into(),
             service_account: "web".into(),
         };
@@ -316,6 +336,7 @@ mod tests {
     #[test]
     fn a_request_that_is_not_a_csr_is_refused_with_the_field() {
         let who = Identity {
+            pod: None,
             namespace: "default".into(),
             service_account: "web".into(),
         };

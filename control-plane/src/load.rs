@@ -30,6 +30,12 @@ const SEEN_FOR: Duration = Duration::from_secs(300);
 /// How often reports sweep out what nobody reports on any more.
 const PRUNE_EVERY_SECS: u64 = 10;
 
+/// A sidecar's sequence starts at its start time in milliseconds since the
+/// epoch, times 1000, and grows by one an entry: one further ahead of the
+/// clock than this (clocks skew) is a lie that would make the reporter's
+/// next honest reports look counted already. Dropped as absurd.
+const SEQUENCE_AHEAD: Duration = Duration::from_secs(600);
+
 /// Counts above this in one report are absurd (a sidecar cannot send 10M
 /// requests to one endpoint in an interval); such reports are dropped.
 const MAX_COUNT: u64 = 10_000_000;
@@ -151,6 +157,11 @@ impl Aggregator {
             ),
         };
         let mut highest = counted;
+        let latest_sequence = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(u64::MAX, |d| {
+                (d + SEQUENCE_AHEAD).as_millis() as u64 * 1000 + 999
+            });
         for c in &req.cluster_stats {
             for e in &c.endpoint_stats {
                 let sane = e.requests_issued <= MAX_COUNT
@@ -162,7 +173,8 @@ impl Aggregator {
                     && e.latency_sum_ms >= 0.0
                     && e.latency_sum_ms <= MAX_COUNT as f64 * 3_600_000.0
                     && Span::fits(e.latency_first_bucket as usize, &e.latency_buckets)
-                    && e.latency_buckets.iter().all(|n| *n <= MAX_COUNT);
+                    && e.latency_buckets.iter().all(|n| *n <= MAX_COUNT)
+                    && e.sequence <= latest_sequence;
                 if !sane {
                     self.rejected
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -435,21 +447,30 @@ impl LoadReportingService for LoadReports {
         &self,
         request: tonic::Request<tonic::Streaming<LoadStatsRequest>>,
     ) -> Result<tonic::Response<Self::StreamLoadStatsStream>, Status> {
+        let reporter = crate::ca::streams::reporter(&request);
         let inbound = crate::ca::streams::checked(request, "load_reports");
-        Ok(tonic::Response::new(self.open(inbound)))
+        Ok(tonic::Response::new(self.open(inbound, reporter)))
     }
 }
 
 impl LoadReports {
     /// A load-report stream reading the reports of `inbound` (minimesh's
-    /// messages; [`crate::xds_v3::lrs`] converts Envoy's to them).
-    pub(crate) fn open<I>(&self, inbound: I) -> BoxStream<LoadStatsResponse>
+    /// messages; [`crate::xds_v3::lrs`] converts Envoy's to them). With
+    /// `reporter` (the caller's proven identity's voice: its pod, or its
+    /// service account), reports count under it whatever node id they name,
+    /// so that one workload is one reporter however many streams it opens.
+    pub(crate) fn open<I>(
+        &self,
+        inbound: I,
+        reporter: Option<String>,
+    ) -> BoxStream<LoadStatsResponse>
     where
         I: futures_util::Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
     {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
+            reporter,
             node_message: None,
             forwarder: false,
             forward: self.forward.clone(),
@@ -466,6 +487,9 @@ impl LoadReports {
 struct LoadSession {
     aggregator: Arc<Aggregator>,
     node: String,
+    /// Whom the reports count as (the caller's proven identity), when the
+    /// call was authenticated; else the node id.
+    reporter: Option<String>,
     /// The node as the first report named it (forwarded reports carry it).
     node_message: Option<minimesh_proto::v1::Node>,
     /// This stream is another replica passing on its sidecars' reports.
@@ -504,11 +528,17 @@ impl Session for LoadSession {
         if self.node.is_empty() {
             match &req.node {
                 Some(n) if !n.id.is_empty() => {
-                    self.node = n.id.clone();
                     self.forwarder = n.id.starts_with(minimesh_proto::FORWARDER_NODE_PREFIX);
+                    self.node = match (&self.reporter, self.forwarder) {
+                        (Some(r), false) => r.clone(),
+                        _ => n.id.clone(),
+                    };
                     if !self.forwarder {
                         self.reporters.inc();
-                        self.node_message = req.node.clone();
+                        // Passed on under the name it counts as here.
+                        let mut named = n.clone();
+                        named.id = self.node.clone();
+                        self.node_message = Some(named);
                     }
                 }
                 _ => {

@@ -765,3 +765,125 @@ async fn an_endpoint_presenting_another_identity_is_refused_and_its_share_goes_e
     );
     drop(apps);
 }
+
+/// Reporters bound to who they are: a token bound to pod `web-1` reports
+/// as that pod only. Six streams naming six node ids count as one reporter;
+/// another proxy's workload, or the forwarder's node id prefix (the control
+/// plane's own), is refused with the reason; a sequence far ahead of the
+/// clock (which would silence the reporter's next honest reports) is
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reports_count_as_the_pod_the_token_proves_whatever_ids_they_name() {
+    use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
+    use minimesh_proto::v1::{ClusterStats, EndpointStats, LoadStatsRequest, Node};
+    let net = Net::new(148);
+    let dir = net.config().parent().expect("dir").to_path_buf();
+    let tokens = dir.join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "tokens:\n- token: {WEB_TOKEN}\n  namespace: {NS}\n  serviceAccount: web\n  pod: web-1\n"
+        ),
+    )
+    .expect("tokens");
+    net.service("backend", &[1]);
+    let ca = dir.join("ca");
+    let (ca_dir, tokens) = (ca.display().to_string(), tokens.display().to_string());
+    let cp = net
+        .control_plane_with(&["--ca-dir", &ca_dir, "--workload-tokens", &tokens])
+        .await;
+    let ep = net.addr(1, 9090).to_string();
+    let node = |id: &str, workload: &str| Node {
+        id: id.into(),
+        workload: workload.into(),
+        namespace: NS.into(),
+        ..Default::default()
+    };
+    let stats = |issued: u64, sequence: u64| ClusterStats {
+        cluster_name: "backend.default.svc.cluster.local:80".into(),
+        endpoint_stats: vec![EndpointStats {
+            address: ep.clone(),
+            requests_issued: issued,
+            requests_succeeded: issued,
+            sequence,
+            ..Default::default()
+        }],
+        load_report_interval_ms: 1000,
+    };
+    // A stream's answer to its first report, which carries `first`'s load.
+    let open = |node: Node, first: Vec<ClusterStats>| {
+        let net = &net;
+        async move {
+            let req = LoadStatsRequest {
+                node: Some(node),
+                cluster_stats: first,
+            };
+            let mut call = tonic::Request::new(
+                futures_util::stream::iter([req]).chain(futures_util::stream::pending()),
+            );
+            with_token(&mut call, Some(WEB_TOKEN));
+            let mut s = LoadReportingServiceClient::new(channel(net).await)
+                .stream_load_stats(call)
+                .await?
+                .into_inner();
+            match tokio::time::timeout(Duration::from_secs(5), s.message()).await {
+                Ok(Ok(_)) => Ok(s),
+                Ok(Err(status)) => Err(status),
+                Err(_) => Err(tonic::Status::deadline_exceeded("no response")),
+            }
+        }
+    };
+    let now_seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+        * 1000;
+    let mut held = Vec::new();
+    for i in 0..6u64 {
+        let s = open(
+            node(&format!("web-{i}.default"), "web-1"),
+            vec![stats(10, now_seq + i)],
+        )
+        .await
+        .expect("the pod's own streams are taken");
+        held.push(s);
+    }
+    let view = wait_cp_json(&net, "/debug/load", |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"][&ep]["requests"].as_u64() >= Some(60)
+    })
+    .await;
+    let e = &view["clusters"]["backend.default.svc.cluster.local:80"][&ep];
+    assert_eq!(e["reporters"], 1, "six streams, one reporter: {view:#}");
+    // Another proxy's workload, and the forwarder's prefix: refused.
+    let Err(other) = open(node("backend-1.default", "backend-1"), vec![]).await else {
+        panic!("another proxy's workload was taken");
+    };
+    assert_eq!(
+        other.message(),
+        "the token is bound to pod \"web-1\"; the node names workload \"backend-1\""
+    );
+    let Err(forwarder) = open(node("minimesh-forwarder/web-1", "web-1"), vec![]).await else {
+        panic!("the forwarder prefix was taken");
+    };
+    assert_eq!(
+        forwarder.message(),
+        format!("node id \"minimesh-forwarder/web-1\": the prefix minimesh-forwarder/ is the control plane's own (replicas passing on load reports); the token's identity (ns/{NS}/sa/web) is not")
+    );
+    // A sequence a day ahead of the clock is dropped: the next honest
+    // report still counts.
+    let ahead = now_seq + 86_400_000 * 1000;
+    let _liar = open(node("web-1.default", "web-1"), vec![stats(1_000, ahead)])
+        .await
+        .expect("stream");
+    let _honest = open(
+        node("web-1.default", "web-1"),
+        vec![stats(5, now_seq + 100)],
+    )
+    .await
+    .expect("stream");
+    wait_cp_json(&net, "/debug/load", |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"][&ep]["requests"].as_u64() == Some(65)
+    })
+    .await;
+    assert!(cp.log_text().contains("absurd load report dropped"));
+}

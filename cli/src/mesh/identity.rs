@@ -52,7 +52,7 @@ impl Identities {
             let token = random_token()?;
             let _ = writeln!(
                 all,
-                "- token: {token}\n  namespace: {namespace}\n  serviceAccount: {account}"
+                "- token: {token}\n  namespace: {namespace}\n  serviceAccount: {account}\n  pod: {workload}"
             );
             write_private(&ids.token_file(workload), &token)?;
         }

@@ -40,6 +40,22 @@ pub enum Refused {
         /// The namespace the call claims.
         namespace: String,
     },
+    /// The token is bound to another pod than the node names.
+    #[error("the token is bound to pod {pod:?}; the node names workload {workload:?}")]
+    WrongWorkload {
+        /// The token's pod.
+        pod: String,
+        /// The workload the node names.
+        workload: String,
+    },
+    /// A node id with the forwarder's prefix from another identity.
+    #[error("node id {node:?}: the prefix minimesh-forwarder/ is the control plane's own (replicas passing on load reports); the token's identity ({who}) is not")]
+    NotForwarder {
+        /// The node id.
+        node: String,
+        /// The identity's SPIFFE path.
+        who: String,
+    },
 }
 
 impl Refused {
@@ -51,6 +67,8 @@ impl Refused {
             Refused::Unavailable(_) => "unavailable",
             Refused::RateLimited(_) => "rate_limited",
             Refused::WrongNamespace { .. } => "namespace",
+            Refused::WrongWorkload { .. } => "workload",
+            Refused::NotForwarder { .. } => "forwarder",
         }
     }
 }
@@ -96,13 +114,46 @@ pub fn may_speak_for(
     namespace: &str,
     control_plane: Option<&Identity>,
 ) -> Result<(), Refused> {
-    if who.namespace == namespace || control_plane == Some(who) {
+    if who.namespace == namespace || control_plane.is_some_and(|cp| cp.same_account(who)) {
         return Ok(());
     }
     Err(Refused::WrongNamespace {
         who: format!("ns/{}/sa/{}", who.namespace, who.service_account),
         namespace: namespace.to_string(),
     })
+}
+
+/// Checks that `who` may name itself `node`: in its namespace (see
+/// [`may_speak_for`]), as its pod when its token is bound to one (a node
+/// naming no workload is keyed by the pod anyway), and with the forwarder's
+/// node id prefix only as the control plane.
+pub fn may_name(
+    who: &Identity,
+    node: &minimesh_proto::v1::Node,
+    control_plane: Option<&Identity>,
+) -> Result<(), Refused> {
+    // The control plane (a replica passing on its sidecars' reports, each
+    // naming its sidecar) speaks for every node.
+    if control_plane.is_some_and(|cp| cp.same_account(who)) {
+        return Ok(());
+    }
+    let path = || format!("ns/{}/sa/{}", who.namespace, who.service_account);
+    if node.id.starts_with(minimesh_proto::FORWARDER_NODE_PREFIX) {
+        return Err(Refused::NotForwarder {
+            node: node.id.clone(),
+            who: path(),
+        });
+    }
+    may_speak_for(who, &node.namespace, control_plane)?;
+    match &who.pod {
+        Some(pod) if !node.workload.is_empty() && node.workload != *pod => {
+            Err(Refused::WrongWorkload {
+                pod: pod.clone(),
+                workload: node.workload.clone(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The tokens file (`--workload-tokens`):
@@ -125,6 +176,9 @@ struct TokenEntry {
     token: String,
     namespace: String,
     service_account: String,
+    /// The one workload (pod) the token is for, as a bound token's.
+    #[serde(default)]
+    pod: Option<String>,
 }
 
 /// Tokens read from a file, read again when it changes.
@@ -185,6 +239,7 @@ fn read(path: &Path) -> anyhow::Result<Read> {
             Identity {
                 namespace: t.namespace,
                 service_account: t.service_account,
+                pod: t.pod,
             },
         );
     }

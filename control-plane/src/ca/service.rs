@@ -89,6 +89,18 @@ impl Auth {
             .map_err(|e| self.refuse(service, &e))
     }
 
+    /// Checks that `who` may name itself `node` on `service`: its
+    /// namespace, its pod (a bound token's), and the forwarder's prefix
+    /// only for the control plane's own identity.
+    pub fn check_node(
+        &self,
+        service: &'static str,
+        who: &Identity,
+        node: &minimesh_proto::v1::Node,
+    ) -> Result<(), Status> {
+        auth::may_name(who, node, self.control_plane.as_ref()).map_err(|e| self.refuse(service, &e))
+    }
+
     fn refuse(&self, service: &'static str, e: &Refused) -> Status {
         // At most a line a second: a flood of bad tokens is counted, not
         // written out one by one.

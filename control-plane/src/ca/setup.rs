@@ -145,6 +145,7 @@ impl CaArgs {
         Ok(Auth {
             authenticator,
             control_plane: client.map(|_| Identity {
+                pod: None,
                 namespace: namespace.to_string(),
                 service_account: self.service_account.clone(),
             }),

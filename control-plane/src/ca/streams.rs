@@ -1,9 +1,11 @@
 //! Authenticated discovery and load reports: with `--workload-tokens`,
 //! every call on the discovery port but the certificate service's carries a
 //! token ([`crate::grpc`] checks it before routing), and a proxy may name
-//! itself only in its identity's namespace (checked here on every request
-//! of the stream: minimesh's protocol, and Envoy's, whose node names its
-//! namespace in the metadata key `NAMESPACE`).
+//! itself only as its identity allows (checked here on every request of the
+//! stream: minimesh's protocol, and Envoy's, whose node names its namespace
+//! in the metadata key `NAMESPACE`): in its identity's namespace, as the
+//! pod its token is bound to (when it is), and with the forwarder's node id
+//! prefix only with the control plane's own identity.
 
 use std::sync::Arc;
 
@@ -22,33 +24,42 @@ pub struct Authenticated {
     pub auth: Arc<Auth>,
 }
 
-/// A request that names the proxy's namespace.
+/// A request that names the proxy (its node).
 pub trait NodeNamespace {
-    /// The namespace its node names, if it names a node.
-    fn node_namespace(&self) -> Option<&str>;
+    /// The node it names, if it names one.
+    fn node(&self) -> Option<&minimesh_proto::v1::Node>;
 }
 
 impl NodeNamespace for minimesh_proto::v1::DiscoveryRequest {
-    fn node_namespace(&self) -> Option<&str> {
-        self.node.as_ref().map(|n| n.namespace.as_str())
+    fn node(&self) -> Option<&minimesh_proto::v1::Node> {
+        self.node.as_ref()
     }
 }
 
 impl NodeNamespace for minimesh_proto::v1::DeltaDiscoveryRequest {
-    fn node_namespace(&self) -> Option<&str> {
-        self.node.as_ref().map(|n| n.namespace.as_str())
+    fn node(&self) -> Option<&minimesh_proto::v1::Node> {
+        self.node.as_ref()
     }
 }
 
 impl NodeNamespace for minimesh_proto::v1::LoadStatsRequest {
-    fn node_namespace(&self) -> Option<&str> {
-        self.node.as_ref().map(|n| n.namespace.as_str())
+    fn node(&self) -> Option<&minimesh_proto::v1::Node> {
+        self.node.as_ref()
     }
 }
 
+/// Whose voice a call's load reports are: its proven identity's (None when
+/// the call was not authenticated).
+pub fn reporter<I>(request: &tonic::Request<I>) -> Option<String> {
+    request
+        .extensions()
+        .get::<Authenticated>()
+        .map(|c| c.who.reporter())
+}
+
 /// A call's request stream, ended with the refusal at the first request
-/// whose node names a namespace other than the call's identity's
-/// (unchanged when the call was not authenticated: no CA).
+/// whose node its identity may not name (unchanged when the call was not
+/// authenticated: no CA).
 pub fn checked<I, R>(
     request: tonic::Request<I>,
     service: &'static str,
@@ -76,8 +87,8 @@ where
         let (Some(c), Ok(req)) = (&caller, &r) else {
             return r;
         };
-        match req.node_namespace() {
-            Some(ns) => c.auth.check_namespace(service, &c.who, ns).and(r),
+        match req.node() {
+            Some(node) => c.auth.check_node(service, &c.who, node).and(r),
             None => r,
         }
     })

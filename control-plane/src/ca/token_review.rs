@@ -49,6 +49,9 @@ const PEER_REFILL_PER_SEC: f64 = 5.0;
 /// Peers tracked at most; past this, those with a full allowance go.
 const PEER_ENTRIES: usize = 10_000;
 
+/// The key of a bound token's pod name in a review's `user.extra`.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+
 /// The prefix of a service account's user name in a review.
 const SERVICE_ACCOUNT_USER: &str = "system:serviceaccount:";
 
@@ -223,9 +226,23 @@ impl TokenReviewer {
                 )));
             }
         }
-        let user = status.user.and_then(|u| u.username).unwrap_or_default();
-        service_account(&user).ok_or(Refused::NotWorkload(user))
+        workload(status.user.unwrap_or_default())
     }
+}
+
+/// The identity of a reviewed token's user: its service account, and the
+/// pod a bound token (projected: every injected pod's) names in `extra`.
+fn workload(user: k8s_openapi::api::authentication::v1::UserInfo) -> Result<Identity, Refused> {
+    let name = user.username.clone().unwrap_or_default();
+    let mut who = service_account(&name).ok_or(Refused::NotWorkload(name))?;
+    who.pod = user
+        .extra
+        .as_ref()
+        .and_then(|e| e.get(POD_NAME_EXTRA))
+        .and_then(|v| v.first())
+        .filter(|p| !p.is_empty())
+        .cloned();
+    Ok(who)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -237,6 +254,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn service_account(user: &str) -> Option<Identity> {
     let (namespace, name) = user.strip_prefix(SERVICE_ACCOUNT_USER)?.split_once(':')?;
     (!namespace.is_empty() && !name.is_empty() && !name.contains(':')).then(|| Identity {
+        pod: None,
         namespace: namespace.to_string(),
         service_account: name.to_string(),
     })
@@ -247,10 +265,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bound_tokens_pod_is_its_workload() {
+        use k8s_openapi::api::authentication::v1::UserInfo;
+        let bound = UserInfo {
+            username: Some("system:serviceaccount:default:web".into()),
+            extra: Some(
+                [(
+                    POD_NAME_EXTRA.to_string(),
+                    vec!["web-7d9f-x2k4p".to_string()],
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let who = workload(bound).expect("a workload");
+        assert_eq!(who.pod.as_deref(), Some("web-7d9f-x2k4p"));
+        assert_eq!(who.reporter(), "web-7d9f-x2k4p.default");
+        let unbound = UserInfo {
+            username: Some("system:serviceaccount:default:web".into()),
+            ..Default::default()
+        };
+        let who = workload(unbound).expect("a workload");
+        assert_eq!(who.reporter(), "sa/web.default");
+        assert_eq!(who.pod, None);
+    }
+
+    #[test]
     fn only_service_accounts_are_workloads() {
         assert_eq!(
             service_account("system:serviceaccount:default:simple-web"),
             Some(Identity {
+                pod: None,
                 namespace: "default".into(),
                 service_account: "simple-web".into()
             })

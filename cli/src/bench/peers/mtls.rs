@@ -41,6 +41,7 @@ pub async fn start_nginx_pair(
     let who = |sa: &str| Identity {
         namespace: namespace.to_string(),
         service_account: sa.to_string(),
+        pod: None,
     };
     let write = |name: &str, text: &str| {
         std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"))
