@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
 use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
 use crate::config::rule::{self, Policy};
+use crate::config::security::ROOT_NAMESPACE;
 use crate::store::Store;
 
 mod gateway_api;
@@ -166,8 +167,13 @@ pub fn port_kind(port: &ServicePort) -> PortProtocol {
 
 pub use crate::config::kube::resolve_host;
 
-/// Translates the store. Rules for the same service conflict: the first in
-/// (namespace, name) order wins and the others are reported.
+/// Translates the store. A rule applies to its host from the host's own
+/// namespace, or from the root namespace (`minimesh-system`) for services
+/// whose namespace has none, to every caller; a rule of a third namespace
+/// (which Istio applies to that namespace's callers only) is refused, so
+/// that no namespace changes what others get. Rules for the same service
+/// in the same scope conflict: the first (minimesh's before Istio's, then
+/// by namespace and name) wins and the others are reported.
 ///
 /// `load_weights` holds the LOAD_AWARE weights by cluster and endpoint
 /// address; endpoints without one get the mean weight.
@@ -183,7 +189,18 @@ pub fn translate(
         .keys()
         .map(|k| (k.name.clone(), k.namespace.clone()))
         .collect();
-    for (key, (rule, _origin)) in &store.rules {
+    // The host's namespace's rules first, then the root namespace's.
+    let scope = |key: &ObjectKey, rule: &ValidRule| -> u8 {
+        match resolve_host(&rule.rule.spec.host, &key.namespace) {
+            Some((_, ns)) if ns == key.namespace => 0,
+            _ if key.namespace == ROOT_NAMESPACE => 1,
+            _ => 2,
+        }
+    };
+    let mut ordered: Vec<(&ObjectKey, &ValidRule)> =
+        store.rules.iter().map(|(k, (r, _))| (k, &**r)).collect();
+    ordered.sort_by_key(|(k, r)| scope(k, r));
+    for (key, rule) in ordered {
         let policy = Some(rule.resolved.policy.as_str());
         let Some(target) = resolve_host(&rule.rule.spec.host, &key.namespace) else {
             status.insert(
@@ -202,6 +219,23 @@ pub fn translate(
             );
             continue;
         };
+        if scope(key, rule) == 2 {
+            status.insert(
+                key.clone(),
+                RuleStatus {
+                    accepted: false,
+                    reason: "OutOfScope".into(),
+                    message: format!(
+                        "spec.host: service {}.{} is of namespace {}: a rule applies to it from that namespace or from {ROOT_NAMESPACE} (as Istio's do for every caller); from namespace {}, Istio would apply it to that namespace's callers only, which minimesh does not do yet: this rule is not applied, so that no namespace changes what another's callers get",
+                        target.0, target.1, target.1, key.namespace
+                    ),
+                    policy,
+                    clusters: vec![],
+                    warnings: vec![],
+                },
+            );
+            continue;
+        }
         if let Some((other, _)) = rule_for.get(&target) {
             // Istio's rules get no status from minimesh: the minimesh rule
             // that overrides one says so in its own.

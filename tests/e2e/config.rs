@@ -281,3 +281,71 @@ async fn a_non_prime_maglev_table_never_leaves_the_control_plane() {
     let v = get_json(net.addr(100, 15000), "/debug/config").await;
     assert_eq!(policy_of(&v, "backend"), "RANDOM");
 }
+
+/// Rule scope: a DestinationRule of a third namespace (Istio would apply
+/// it to that namespace's callers only) changes nothing for anyone, and
+/// says why; the root namespace's rule applies to a service whose own
+/// namespace has none, and yields to one there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_of_another_namespace_changes_nothing_and_the_services_own_comes_first() {
+    let net = Net::new(149);
+    let _b = net.backend(1, &[]).await;
+    net.service("backend", &[1]);
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let rule = |ns: &str, name: &str, policy: &str| {
+        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  host: backend.default.svc.cluster.local\n  trafficPolicy:\n    loadBalancer: {{simple: {policy}}}\n    tls: {{mode: DISABLE}}\n")
+    };
+    net.write("aaa.yaml", &rule("aaa", "steal", "RANDOM"));
+    let config = wait_cp_config(&net, |c| {
+        c["rules"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["name"] == "steal"))
+    })
+    .await;
+    let steal = config["rules"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == "steal"))
+        .expect("listed");
+    assert_eq!(
+        (&steal["accepted"], &steal["reason"]),
+        (&false.into(), &"OutOfScope".into()),
+        "{steal:#}"
+    );
+    assert!(
+        steal["message"].as_str().is_some_and(|m| m.starts_with(
+            "spec.host: service backend.default is of namespace default: a rule applies to it from that namespace or from minimesh-system"
+        )),
+        "{steal:#}"
+    );
+    let v = get_json(net.addr(100, 15000), "/debug/config").await;
+    assert_eq!(
+        policy_of(&v, "backend"),
+        "LEAST_REQUEST",
+        "the default stays"
+    );
+    // The root namespace's applies; the service's own namespace's wins over it.
+    net.write(
+        "root.yaml",
+        &rule("minimesh-system", "mesh-default", "ROUND_ROBIN"),
+    );
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "ROUND_ROBIN"
+    })
+    .await;
+    net.write("own.yaml", &rule("default", "own", "RANDOM"));
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
+        policy_of(v, "backend") == "RANDOM"
+    })
+    .await;
+    let config = wait_cp_config(&net, |c| {
+        c["rules"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|r| r["name"] == "mesh-default" && r["reason"] == "Conflict")
+        })
+    })
+    .await;
+    assert!(config["rules"].as_array().is_some_and(|r| r
+        .iter()
+        .any(|r| r["name"] == "own" && r["accepted"] == true)));
+}

@@ -60,7 +60,8 @@ pub struct Condition {
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`;
+    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`,
+    /// `OutOfScope` (a rule of a third namespace);
     /// for `Warnings`, `HasWarnings` or `NoWarnings`.
     pub reason: String,
     /// What is wrong, naming the field and the reason.
