@@ -2,6 +2,8 @@
 //! (`fuzz/fuzz_targets/`) and of the tests that replay their corpora. Not
 //! part of the control plane's interface.
 
+pub mod admission;
+pub mod csr;
 pub mod discovery;
 pub mod load_reports;
 pub mod rule_yaml;

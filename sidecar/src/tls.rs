@@ -26,6 +26,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::net::TcpStream;
 
+pub mod fuzz;
 mod io;
 pub use io::Io;
 
