@@ -104,6 +104,12 @@ fn admission_request(body: &[u8]) -> Result<Value, String> {
     if v["kind"] != "AdmissionReview" {
         return Err("not an AdmissionReview: kind is not AdmissionReview".into());
     }
+    if !v["apiVersion"]
+        .as_str()
+        .is_some_and(|a| a.starts_with("admission.k8s.io/"))
+    {
+        return Err("not an AdmissionReview: apiVersion is not admission.k8s.io/*".into());
+    }
     if !v["request"]["uid"].is_string() {
         return Err("not an AdmissionReview: request.uid is missing".into());
     }

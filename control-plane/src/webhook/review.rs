@@ -28,6 +28,14 @@ pub fn review(body: &[u8]) -> Result<(Verdict, Value), String> {
     if v["kind"] != "AdmissionReview" {
         return Err("not an AdmissionReview: kind is not AdmissionReview".into());
     }
+    // Answered in the request's version, which must be one of the API's
+    // (the fuzz target found one echoed back that was not).
+    if !v["apiVersion"]
+        .as_str()
+        .is_some_and(|a| a.starts_with("admission.k8s.io/"))
+    {
+        return Err("not an AdmissionReview: apiVersion is not admission.k8s.io/*".into());
+    }
     let request = &v["request"];
     let uid = request["uid"]
         .as_str()
