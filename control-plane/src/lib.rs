@@ -268,6 +268,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         la: la.clone(),
         reporters: metrics.load_reporters.clone(),
         forward,
+        published: cache.subscribe(),
     };
     let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics.clone());
     let (certificates, tls) = match (ca, auth) {

@@ -437,6 +437,9 @@ pub struct LoadReports {
     /// On Kubernetes: every report is also passed here, for the leader
     /// ([`replicas::forward`]).
     pub forward: Option<tokio::sync::mpsc::Sender<LoadStatsRequest>>,
+    /// The resources published: an authenticated reporter's reports count
+    /// only on the clusters its namespace may see.
+    pub published: tokio::sync::watch::Receiver<Arc<crate::cache::Snapshot>>,
 }
 
 #[tonic::async_trait]
@@ -447,22 +450,23 @@ impl LoadReportingService for LoadReports {
         &self,
         request: tonic::Request<tonic::Streaming<LoadStatsRequest>>,
     ) -> Result<tonic::Response<Self::StreamLoadStatsStream>, Status> {
-        let reporter = crate::ca::streams::reporter(&request);
+        let caller = crate::ca::streams::reporter(&request);
         let inbound = crate::ca::streams::checked(request, "load_reports");
-        Ok(tonic::Response::new(self.open(inbound, reporter)))
+        Ok(tonic::Response::new(self.open(inbound, caller)))
     }
 }
 
 impl LoadReports {
     /// A load-report stream reading the reports of `inbound` (minimesh's
     /// messages; [`crate::xds_v3::lrs`] converts Envoy's to them). With
-    /// `reporter` (the caller's proven identity's voice: its pod, or its
-    /// service account), reports count under it whatever node id they name,
-    /// so that one workload is one reporter however many streams it opens.
+    /// `caller` (the proven identity's voice, its pod or its service
+    /// account, and its namespace), reports count under it whatever node id
+    /// they name, so that one workload is one reporter however many streams
+    /// it opens, and only on clusters its namespace may see.
     pub(crate) fn open<I>(
         &self,
         inbound: I,
-        reporter: Option<String>,
+        caller: Option<(String, String)>,
     ) -> BoxStream<LoadStatsResponse>
     where
         I: futures_util::Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
@@ -470,7 +474,10 @@ impl LoadReports {
         let session = LoadSession {
             aggregator: self.aggregator.clone(),
             node: String::new(),
-            reporter,
+            reporter: caller.as_ref().map(|c| c.0.clone()),
+            namespace: caller.map(|c| c.1),
+            published: self.published.clone(),
+            hidden_logged: false,
             node_message: None,
             forwarder: false,
             forward: self.forward.clone(),
@@ -490,6 +497,12 @@ struct LoadSession {
     /// Whom the reports count as (the caller's proven identity), when the
     /// call was authenticated; else the node id.
     reporter: Option<String>,
+    /// The caller's proven namespace: its reports count only on clusters
+    /// published to it.
+    namespace: Option<String>,
+    published: tokio::sync::watch::Receiver<Arc<crate::cache::Snapshot>>,
+    /// A report on a cluster hidden from the caller was logged.
+    hidden_logged: bool,
     /// The node as the first report named it (forwarded reports carry it).
     node_message: Option<minimesh_proto::v1::Node>,
     /// This stream is another replica passing on its sidecars' reports.
@@ -557,6 +570,34 @@ impl Session for LoadSession {
                 }
             }
             return Ok(());
+        }
+        // Only what the caller's namespace may see (a Service's exportTo).
+        let mut req = req;
+        if let Some(ns) = &self.namespace {
+            let published = self.published.borrow().clone();
+            let visible = |name: &str| {
+                [
+                    minimesh_proto::CLUSTER_TYPE,
+                    minimesh_proto::xds_v3::CLUSTER_TYPE,
+                ]
+                .iter()
+                .filter_map(|t| published.types.get(t))
+                .any(|t| {
+                    t.resources
+                        .get(name)
+                        .is_some_and(|e| e.visible_to(Some(ns)))
+                })
+            };
+            let before = req.cluster_stats.len();
+            req.cluster_stats.retain(|c| visible(&c.cluster_name));
+            if req.cluster_stats.len() < before && !self.hidden_logged {
+                self.hidden_logged = true;
+                warn!(
+                    node = self.node,
+                    namespace = ns,
+                    "load reports on clusters namespace {ns} is not sent (unknown, or not exported to it) are dropped (logged once per stream)"
+                );
+            }
         }
         // The first report may carry load too (Envoy's and gRPC's may).
         self.aggregator.add(&self.node, &req);

@@ -771,7 +771,8 @@ async fn an_endpoint_presenting_another_identity_is_refused_and_its_share_goes_e
 /// another proxy's workload, or the forwarder's node id prefix (the control
 /// plane's own), is refused with the reason; a sequence far ahead of the
 /// clock (which would silence the reporter's next honest reports) is
-/// dropped.
+/// dropped; and a report on a Service not exported to the reporter's
+/// namespace counts for nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_reports_count_as_the_pod_the_token_proves_whatever_ids_they_name() {
     use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
@@ -787,6 +788,10 @@ async fn load_reports_count_as_the_pod_the_token_proves_whatever_ids_they_name()
     )
     .expect("tokens");
     net.service("backend", &[1]);
+    net.write(
+        "private.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: private\n  namespace: default\n  annotations: {networking.istio.io/exportTo: other}\nspec:\n  ports: [{name: http, port: 80, targetPort: 9090}]\n",
+    );
     let ca = dir.join("ca");
     let (ca_dir, tokens) = (ca.display().to_string(), tokens.display().to_string());
     let cp = net
@@ -839,10 +844,16 @@ async fn load_reports_count_as_the_pod_the_token_proves_whatever_ids_they_name()
         .as_millis() as u64
         * 1000;
     let mut held = Vec::new();
+    let mut hidden = stats(1_000, now_seq + 50);
+    hidden.cluster_name = "private.default.svc.cluster.local:80".into();
     for i in 0..6u64 {
         let s = open(
             node(&format!("web-{i}.default"), "web-1"),
-            vec![stats(10, now_seq + i)],
+            if i == 0 {
+                vec![stats(10, now_seq + i), hidden.clone()]
+            } else {
+                vec![stats(10, now_seq + i)]
+            },
         )
         .await
         .expect("the pod's own streams are taken");
@@ -854,6 +865,12 @@ async fn load_reports_count_as_the_pod_the_token_proves_whatever_ids_they_name()
     .await;
     let e = &view["clusters"]["backend.default.svc.cluster.local:80"][&ep];
     assert_eq!(e["reporters"], 1, "six streams, one reporter: {view:#}");
+    assert!(
+        view["clusters"]["private.default.svc.cluster.local:80"]
+            .as_object()
+            .is_none_or(|endpoints| endpoints.is_empty()),
+        "a report on a Service not exported to the reporter's namespace counted: {view:#}"
+    );
     // Another proxy's workload, and the forwarder's prefix: refused.
     let Err(other) = open(node("backend-1.default", "backend-1"), vec![]).await else {
         panic!("another proxy's workload was taken");

@@ -48,13 +48,13 @@ impl NodeNamespace for minimesh_proto::v1::LoadStatsRequest {
     }
 }
 
-/// Whose voice a call's load reports are: its proven identity's (None when
-/// the call was not authenticated).
-pub fn reporter<I>(request: &tonic::Request<I>) -> Option<String> {
+/// Whose voice a call's load reports are, and its namespace: its proven
+/// identity's (None when the call was not authenticated).
+pub fn reporter<I>(request: &tonic::Request<I>) -> Option<(String, String)> {
     request
         .extensions()
         .get::<Authenticated>()
-        .map(|c| c.who.reporter())
+        .map(|c| (c.who.reporter(), c.who.namespace.clone()))
 }
 
 /// A call's request stream, ended with the refusal at the first request

@@ -38,7 +38,9 @@ pub fn stream<I>(
 where
     I: Stream<Item = Result<LoadStatsRequest, Status>> + Send + Unpin + 'static,
 {
-    let reporter = caller.as_ref().map(|c| c.who.reporter());
+    let reporter = caller
+        .as_ref()
+        .map(|c| (c.who.reporter(), c.who.namespace.clone()));
     let inbound = crate::ca::streams::check(caller, inbound.map(|r| r.map(report)), "load_reports");
     Box::pin(reports.open(inbound, reporter).map(|r| {
         r.map(|r| LoadStatsResponse {
