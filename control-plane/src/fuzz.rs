@@ -6,6 +6,7 @@ pub mod admission;
 pub mod csr;
 pub mod discovery;
 pub mod load_reports;
+pub mod lrs;
 pub mod rule_yaml;
 
 /// Every file of the corpus of fuzz target `target`, for the replay tests.
