@@ -281,13 +281,22 @@ async fn a_replica_failing_fast_is_ejected_by_default_under_every_policy() {
                 "{policy}: only {errors} of {requests} failed without ejection: {by_reason}"
             ),
             p if p.contains("retry 5xx") => assert_eq!(errors, 0, "{policy}: {by_reason}"),
-            // Five consecutive 500s eject s1 from the gateway; requests
-            // already on their way to it when the fifth lands fail too (5 to
-            // 10 in runs here), and none after.
-            _ => assert!(
-                (5..=20).contains(&errors),
-                "{policy}: {errors} failed, not the 5 that eject s1 and a few in flight: {by_reason}"
-            ),
+            // Five consecutive 500s eject s1 from the gateway. The requests
+            // s1 held when the fault began still succeed as they end, each
+            // restarting the count, so the gateway meets a 500 more for
+            // about each one it had in flight there: at most 5 plus s1's
+            // peak in flight in the second before the fault (5 to 10 failed
+            // in quiet runs, 22 with 31 in flight in a loaded CI run).
+            _ => {
+                let at = r["events"][0]["at_s"].as_f64().unwrap_or(0.0) as usize;
+                let held = r["timeline"][at.saturating_sub(1)]["active"][0]
+                    .as_u64()
+                    .unwrap_or(0);
+                assert!(
+                    (5..=5 + held).contains(&errors),
+                    "{policy}: {errors} failed, not the 5 that eject s1 and at most the {held} it held: {by_reason}"
+                )
+            }
         }
         if policy != "LEAST_REQUEST, no ejection" && r["kind"] == "minimesh" {
             // From the second after the fault, s1 is ejected (for 30 s,

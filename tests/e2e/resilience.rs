@@ -655,9 +655,9 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
     })
     .await;
     let outbound = net.addr(100, 15001);
-    let failures = |host: &'static str| async move {
+    let failures = |host: &'static str, n: usize| async move {
         let mut failed = 0;
-        for _ in 0..60 {
+        for _ in 0..n {
             let (status, _, _) = get(outbound, host, "/").await.expect("sidecar");
             failed += usize::from(status != 200);
         }
@@ -672,22 +672,24 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
             .any(|e| e["address"] == addr.to_string().as_str() && e["ejected"] == true)
     };
     // A third of the requests meet the 500s: five of them eject it.
-    assert_eq!(failures("broken").await, 5);
+    assert_eq!(failures("broken", 60).await, 5);
     let v = get_json(admin, "/debug/config").await;
     assert!(ejected(&v, net.addr(4, 9090)), "{v:#}");
     // The 503s are overload: never ejected, and (Istio's default retry
     // policy) retried on another endpoint: a third of the requests meet
-    // them, none fails.
+    // them, none fails. (Thirty: the retry budget, 20% of requests plus 20
+    // over two seconds, must keep room for the five below; sixty, meeting
+    // 29 503s by chance, left the fifth of those refused once in CI.)
     let retries = |v: &serde_json::Value| {
         v["clusters"]["overloaded.default.svc.cluster.local:80"]["retries"]
             .as_u64()
             .unwrap_or(0)
     };
     let before = retries(&get_json(admin, "/debug/config").await);
-    assert_eq!(failures("overloaded").await, 0);
+    assert_eq!(failures("overloaded", 30).await, 0);
     let v = get_json(admin, "/debug/config").await;
     let met = retries(&v) - before;
-    assert!(met > 10, "only {met} of 60 met the 503s");
+    assert!(met >= 2, "only {met} of 30 met the 503s");
     assert!(!ejected(&v, net.addr(3, 9090)), "{v:#}");
     // A rule's own outlier detection counts them, as Istio's does.
     net.write(
@@ -705,8 +707,14 @@ async fn default_ejection_takes_out_a_server_failing_with_500_not_one_refusing_w
     })
     .await;
     let before = retries(&get_json(admin, "/debug/config").await);
-    assert_eq!(failures("overloaded").await, 0);
+    let failed = failures("overloaded", 60).await;
     let v = get_json(admin, "/debug/config").await;
+    let c = &v["clusters"]["overloaded.default.svc.cluster.local:80"];
+    assert_eq!(
+        failed, 0,
+        "retry budget exhausted: {}",
+        c["retry_budget_exhausted"]
+    );
     assert_eq!(retries(&v) - before, 5, "five 503s eject it");
     assert!(ejected(&v, net.addr(3, 9090)), "{v:#}");
 }
