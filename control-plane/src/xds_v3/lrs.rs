@@ -17,6 +17,8 @@
 //!   interval is the time requests spent in it, over the requests that
 //!   completed. That is what LOAD_AWARE weighs.
 
+use std::net::{IpAddr, SocketAddr};
+
 use envoy_types::pb::envoy::config::core::v3::{address, Address};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterStats;
 use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStatsResponse};
@@ -83,9 +85,9 @@ fn cluster(c: ClusterStats) -> v1::ClusterStats {
             continue;
         }
         let sub_zone = l.locality.map(|l| l.sub_zone).unwrap_or_default();
-        if super::endpoints::socket_address(&sub_zone).is_some() {
+        if let Ok(addr) = sub_zone.parse::<SocketAddr>() {
             endpoint_stats.push(endpoint(
-                sub_zone,
+                addr.to_string(),
                 Counts {
                     issued: l.total_issued_requests,
                     succeeded: l.total_successful_requests,
@@ -124,7 +126,8 @@ fn endpoint(address: String, c: Counts, interval_ms: u64) -> v1::EndpointStats {
     }
 }
 
-/// `ip:port` of a socket address, as minimesh names endpoints.
+/// `ip:port` of a socket address, as minimesh names endpoints; None for
+/// anything else (a name, a port past 65535: no endpoint of the mesh).
 fn address_of(a: &Address) -> Option<String> {
     match a.address.as_ref()? {
         address::Address::SocketAddress(s) => {
@@ -132,11 +135,8 @@ fn address_of(a: &Address) -> Option<String> {
                 Some(envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(p)) => p,
                 _ => return None,
             };
-            Some(if s.address.contains(':') {
-                format!("[{}]:{port}", s.address)
-            } else {
-                format!("{}:{port}", s.address)
-            })
+            let ip: IpAddr = s.address.parse().ok()?;
+            Some(SocketAddr::new(ip, u16::try_from(port).ok()?).to_string())
         }
         _ => None,
     }
