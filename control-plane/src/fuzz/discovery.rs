@@ -1,9 +1,12 @@
 //! Discovery streams: arbitrary bytes read as a run of decoded requests
-//! (state of the world or delta, minimesh's types or Envoy's; any nonce,
-//! version, names, node, error detail) into one stream's session, with the
-//! config published again between requests. The properties: no panic; every
-//! response is of a type the stream serves; nonces only grow; and a
-//! response of resources names each at most once.
+//! (state of the world or delta; minimesh's envelopes and types, or Envoy's
+//! xDS v3 envelopes converted as the ADS server converts them, node metadata
+//! included; any nonce, version, names, node, error detail) into one
+//! stream's session, with the config published again between requests. The
+//! properties: no panic; every response is of a type the stream serves;
+//! nonces only grow; a response of resources names each at most once; and
+//! a v3 response encoded in Envoy's envelope decodes to the same type,
+//! nonce and resources.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,11 +21,17 @@ use minimesh_proto::{xds_v3, ALL_TYPES};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest as EnvoyDelta, DeltaDiscoveryResponse as EnvoyDeltaResponse,
+    DiscoveryRequest as EnvoyRequest, DiscoveryResponse as EnvoyResponse,
+};
+
 use crate::cache::Cache;
 use crate::discovery::registry::Registry;
 use crate::discovery::server::Discovery;
 use crate::metrics::Metrics;
 use crate::translate::Resources;
+use crate::xds_v3::wire;
 
 /// A config of `n` services (0-3), the first exported to namespace `a` only.
 fn config(n: u8, policy: LbPolicy) -> Resources {
@@ -116,11 +125,23 @@ pub fn check(data: &[u8]) -> usize {
         for (i, bytes) in requests.into_iter().enumerate() {
             if bytes.is_empty() {
                 cache.update(&config(i as u8, LbPolicy::LeastRequest));
+            } else if v3 {
+                if let Ok(req) = EnvoyDelta::decode(bytes) {
+                    let _ = tx.send(Ok(wire::delta_request(req)));
+                }
             } else if let Ok(req) = DeltaDiscoveryRequest::decode(bytes) {
                 let _ = tx.send(Ok(req));
             }
             while let Some(Some(item)) = out.next().now_or_never() {
                 let Ok(r) = item else { break };
+                if v3 {
+                    let names: Vec<String> = r.resources.iter().map(|x| x.name.clone()).collect();
+                    let sent = wire::delta_response(r.clone()).encode_to_vec();
+                    let back = EnvoyDeltaResponse::decode(sent.as_slice()).expect("decodes");
+                    assert_eq!((&back.type_url, &back.nonce), (&r.type_url, &r.nonce));
+                    let got: Vec<String> = back.resources.into_iter().map(|x| x.name).collect();
+                    assert_eq!(got, names);
+                }
                 seen(
                     &r.type_url,
                     &r.nonce,
@@ -139,11 +160,23 @@ pub fn check(data: &[u8]) -> usize {
         for (i, bytes) in requests.into_iter().enumerate() {
             if bytes.is_empty() {
                 cache.update(&config(i as u8, LbPolicy::LeastRequest));
+            } else if v3 {
+                if let Ok(req) = EnvoyRequest::decode(bytes) {
+                    let _ = tx.send(Ok(wire::sotw_request(req)));
+                }
             } else if let Ok(req) = DiscoveryRequest::decode(bytes) {
                 let _ = tx.send(Ok(req));
             }
             while let Some(Some(item)) = out.next().now_or_never() {
                 let Ok(r) = item else { break };
+                if v3 {
+                    let sent = wire::sotw_response(r.clone()).encode_to_vec();
+                    let back = EnvoyResponse::decode(sent.as_slice()).expect("decodes");
+                    assert_eq!(
+                        (&back.type_url, &back.nonce, back.resources.len()),
+                        (&r.type_url, &r.nonce, r.resources.len())
+                    );
+                }
                 seen(&r.type_url, &r.nonce, Vec::new());
             }
         }
@@ -161,5 +194,15 @@ mod tests {
         // The seeds get answers (a first request, an ACK's follow-up, a push
         // after a republication), not only refusals.
         assert!(sent.iter().filter(|n| **n >= 2).count() >= 2, "{sent:?}");
+    }
+
+    #[test]
+    fn envoy_envelopes_with_node_metadata_are_answered() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/discovery/");
+        for seed in ["envoy-v3-node-metadata.bin", "envoy-v3-delta.bin"] {
+            let data = std::fs::read(format!("{dir}{seed}")).expect(seed);
+            // The first request's answer, and the one after republication.
+            assert!(super::check(&data) >= 2, "{seed}");
+        }
     }
 }
