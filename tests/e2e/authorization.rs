@@ -252,6 +252,11 @@ async fn authorization_policies_allow_and_deny_as_istio_evaluates_them() {
         &[
             (Web, get(), "/admin/users", 403),
             (Web, get(), "/users", 200),
+            // Paths are matched (and sent on) in Istio's normal form:
+            // dot segments resolved, unreserved characters decoded.
+            (Web, get(), "/users/../admin/users", 403),
+            (Web, get(), "/%61dmin", 403),
+            (Web, get(), "/users/./%2e%2e/users", 200),
         ],
     )
     .await;
@@ -259,7 +264,7 @@ async fn authorization_policies_allow_and_deny_as_istio_evaluates_them() {
     let (_, _, metrics) = get_url(m.net.addr(1, 15000), "/metrics").await;
     assert!(
         metrics.contains(
-            "minimesh_authz_denied_total{reason=\"deny\",policy=\"default/deny-admin\"} 1"
+            "minimesh_authz_denied_total{reason=\"deny\",policy=\"default/deny-admin\"} 3"
         ),
         "{metrics}"
     );
@@ -337,6 +342,21 @@ async fn authorization_policies_allow_and_deny_as_istio_evaluates_them() {
             ),
             vec!["minimesh-system/allow-nothing", "default/allow-web"],
             vec![(Web, get(), "/", 200), (Gateway, get(), "/", 403)],
+        ),
+        (
+            "a caller past its own sidecar: the inbound normalizes the path it matches",
+            policy(
+                "deny-admin-only",
+                NS,
+                "  action: DENY\n  rules:\n  - to: [{operation: {paths: [\"/admin*\"]}}]\n",
+            ),
+            vec!["default/deny-admin-only"],
+            vec![
+                (Plain, get(), "/ok/../admin", 403),
+                (Plain, get(), "/%61dmin/x", 403),
+                (Plain, get(), "/%2e%2e/admin", 403),
+                (Plain, get(), "/ok/%2e/", 200),
+            ],
         ),
         (
             "a selector the workload's labels do not carry: no effect",
