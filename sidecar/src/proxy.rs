@@ -29,6 +29,7 @@ use minimesh_proto::headers;
 mod admission;
 mod attempt;
 mod edge;
+pub mod fuzz;
 mod path;
 mod request;
 mod respond;
