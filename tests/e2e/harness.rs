@@ -622,7 +622,9 @@ pub async fn wait_cp_json(
     poll_cp_json(net, path, Duration::from_secs(10), pred).await
 }
 
-async fn poll_cp_json(
+/// Polls the control plane's admin `path` (JSON) until `pred` holds, up
+/// to `within`; returns the value that matched.
+pub async fn poll_cp_json(
     net: &Net,
     path: &str,
     within: Duration,
