@@ -87,6 +87,25 @@ pub async fn run(home: PathBuf, args: GetArgs) -> anyhow::Result<()> {
                     println!("  warning: {}", s(w));
                 }
             }
+            let scope: Vec<_> = v["ruleScope"].as_array().into_iter().flatten().collect();
+            if !scope.is_empty() {
+                // Istio's lookup: the caller's namespace, then the service's,
+                // then the root namespace's, as each rule's exportTo allows.
+                println!("\n{:<40} {:<20} RULE", "SERVICE", "CALLERS IN");
+                for sv in scope {
+                    for c in sv["callers"].as_array().into_iter().flatten() {
+                        let callers = match s(&c["namespace"]) {
+                            ns if ns == "*" => "(other namespaces)".to_string(),
+                            ns => ns,
+                        };
+                        let rule = match &c["rule"] {
+                            serde_json::Value::Null => "(none: defaults)".to_string(),
+                            r => s(r),
+                        };
+                        println!("{:<40} {callers:<20} {rule}", s(&sv["service"]));
+                    }
+                }
+            }
             let errors: Vec<_> = v["errors"].as_array().into_iter().flatten().collect();
             if !errors.is_empty() {
                 println!("\nREJECTED (the previous good version of each stays in force):");

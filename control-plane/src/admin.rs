@@ -33,6 +33,8 @@ use crate::discovery::registry::Registry as Proxies;
 pub struct ConfigView {
     /// Rules with their status.
     pub rules: Vec<Value>,
+    /// Which rule the callers of each namespace get, per service.
+    pub rule_scope: Vec<Value>,
     /// PeerAuthentications in force, with their modes.
     pub peer_authentications: Vec<Value>,
     /// VirtualServices applied, with what their routes set.
@@ -171,7 +173,7 @@ fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .iter()
                 .map(|e| json!({"file": e.file, "object": e.object, "field": e.field, "reason": e.reason, "message": e.to_string()}))
                 .collect();
-            json_response(&json!({"rules": c.rules, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "httpRoutes": c.http_routes, "authorizationPolicies": c.authorization_policies, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
+            json_response(&json!({"rules": c.rules, "ruleScope": c.rule_scope, "peerAuthentications": c.peer_authentications, "virtualServices": c.virtual_services, "gateways": c.gateways, "httpRoutes": c.http_routes, "authorizationPolicies": c.authorization_policies, "errors": errors, "warnings": c.warnings, "synced": c.synced}))
         }
         "/debug/endpoints" => json_response(&endpoints_view(&admin.snapshots.borrow())),
         "/debug/versions" => {

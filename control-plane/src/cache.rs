@@ -45,28 +45,63 @@ impl Entry {
 /// Every resource of one type.
 #[derive(Debug, Default, PartialEq)]
 pub struct TypeSnapshot {
-    /// Version of the whole set.
+    /// Version of the whole set, the namespaces' own entries included.
     pub version: String,
-    /// Resources by name.
+    /// Version of the default view (what a namespace without entries of
+    /// its own sees, when nothing is restricted).
+    pub base_version: String,
+    /// Resources by name, as most namespaces see them.
     pub resources: BTreeMap<String, Arc<Entry>>,
+    /// The entries that differ for the proxies of some namespaces (their
+    /// DestinationRules differ), by namespace and name; None: the
+    /// resource is not there for them.
+    pub scoped: BTreeMap<String, BTreeMap<String, Option<Arc<Entry>>>>,
     /// Some resource is visible to some namespaces only: a stream's view
     /// of the set has a version of its own.
     pub restricted: bool,
 }
 
 impl TypeSnapshot {
+    /// The resource `name` as a proxy of `namespace` sees it, if it may.
+    pub fn get_for(&self, name: &str, namespace: Option<&str>) -> Option<&Arc<Entry>> {
+        let own = namespace.and_then(|ns| self.scoped.get(ns)?.get(name));
+        let entry = match own {
+            Some(e) => e.as_ref()?,
+            None => self.resources.get(name)?,
+        };
+        entry.visible_to(namespace).then_some(entry)
+    }
+
+    /// Every resource a proxy of `namespace` sees, by name in order.
+    pub fn iter_for<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> Box<dyn Iterator<Item = (&'a String, &'a Arc<Entry>)> + 'a> {
+        let visible = move |(_, e): &(&String, &Arc<Entry>)| e.visible_to(namespace);
+        let Some(own) = namespace.and_then(|ns| self.scoped.get(ns)) else {
+            return Box::new(self.resources.iter().filter(visible));
+        };
+        let mut merged: BTreeMap<&String, &Arc<Entry>> = self.resources.iter().collect();
+        for (name, e) in own {
+            match e {
+                Some(e) => merged.insert(name, e),
+                None => merged.remove(name),
+            };
+        }
+        Box::new(merged.into_iter().filter(visible))
+    }
+
     /// The version of what a proxy of `namespace` sees of this type.
     pub fn version_for(&self, namespace: Option<&str>) -> String {
-        if !self.restricted {
-            return self.version.clone();
+        let own = namespace.is_some_and(|ns| self.scoped.contains_key(ns));
+        if !self.restricted && !own {
+            return self.base_version.clone();
         }
         let mut set = Vec::new();
-        for (name, e) in &self.resources {
-            if e.visible_to(namespace) {
-                set.extend_from_slice(name.as_bytes());
-                set.push(0);
-                set.extend_from_slice(e.version.as_bytes());
-            }
+        for (name, e) in self.iter_for(namespace) {
+            set.extend_from_slice(name.as_bytes());
+            set.push(0);
+            set.extend_from_slice(e.version.as_bytes());
         }
         fnv(&set)
     }
@@ -119,6 +154,7 @@ impl Default for Cache {
                 t,
                 Arc::new(TypeSnapshot {
                     version: fnv(&[]),
+                    base_version: fnv(&[]),
                     ..Default::default()
                 }),
             );
@@ -150,11 +186,17 @@ impl Cache {
         self.tx.borrow().clone()
     }
 
-    /// Publishes `resources`, in minimesh's encoding and Envoy's (xDS v3);
-    /// returns true when anything changed (an unchanged set publishes
-    /// nothing and wakes no stream).
+    /// Publishes `resources`, in minimesh's encoding and Envoy's (xDS v3),
+    /// with the views of the namespaces that see other rules; returns true
+    /// when anything changed (an unchanged set publishes nothing and wakes
+    /// no stream).
     pub fn update(&self, resources: &Resources) -> bool {
         let v3 = crate::xds_v3::encode(resources, self.v3);
+        let views: Vec<(&String, &Resources, crate::xds_v3::Encoded)> = resources
+            .scoped
+            .iter()
+            .map(|(ns, r)| (ns, r, crate::xds_v3::encode(r, self.v3)))
+            .collect();
         let old = self.current();
         let mut next = Snapshot {
             types: BTreeMap::new(),
@@ -164,52 +206,41 @@ impl Cache {
         let mut changed = false;
         for t in ALL_TYPES.into_iter().chain(xds_v3::ALL_TYPES) {
             let prev = old.types.get(t).map(|p| p.as_ref());
-            let new_type = match t {
-                CLUSTER_TYPE => build(
-                    t,
-                    &resources.clusters,
-                    prev,
-                    generation,
-                    &resources.exported,
-                ),
-                ENDPOINTS_TYPE => build(
-                    t,
-                    &resources.endpoints,
-                    prev,
-                    generation,
-                    &resources.exported,
-                ),
-                ROUTE_TYPE => build(t, &resources.routes, prev, generation, &resources.exported),
-                PEER_AUTH_TYPE => build_with(t, &resources.peer_auth, prev, generation, |ns| {
-                    // A namespace's is its own proxies'; the mesh-wide one
-                    // every proxy's.
-                    match resources.peer_auth.get(ns) {
-                        Some(p) if !p.mesh_wide => Some(Arc::from([ns.to_string()])),
-                        _ => None,
+            let scoped: Vec<(&String, BTreeMap<String, Any>)> = views
+                .iter()
+                .map(|(ns, r, v3)| (*ns, items(t, r, v3)))
+                .collect();
+            let new_type =
+                match t {
+                    PEER_AUTH_TYPE => {
+                        build(items(t, resources, &v3), &scoped, prev, generation, |ns| {
+                            match resources.peer_auth.get(ns) {
+                                Some(p) if !p.mesh_wide => Some(Arc::from([ns.to_string()])),
+                                _ => None,
+                            }
+                        })
                     }
-                }),
-                AUTHZ_TYPE => build_with(t, &resources.authz, prev, generation, |name| {
-                    // A namespace's policy is its own proxies'; one of the
-                    // root namespace every proxy's.
-                    match resources.authz.get(name) {
-                        Some(a) if !a.mesh_wide => Some(Arc::from([a.namespace.clone()])),
-                        _ => None,
-                    }
-                }),
-                xds_v3::CLUSTER_TYPE => {
-                    build(t, &v3.clusters, prev, generation, &resources.exported)
-                }
-                xds_v3::ENDPOINTS_TYPE => {
-                    build(t, &v3.endpoints, prev, generation, &resources.exported)
-                }
-                xds_v3::LISTENER_TYPE => {
-                    build(t, &v3.listeners, prev, generation, &resources.exported)
-                }
-                xds_v3::ROUTE_CONFIG_TYPE => {
-                    build(t, &v3.routes, prev, generation, &resources.exported)
-                }
-                _ => unreachable!("the type lists name nine types"),
-            };
+                    AUTHZ_TYPE => build(
+                        items(t, resources, &v3),
+                        &scoped,
+                        prev,
+                        generation,
+                        |name| match resources.authz.get(name) {
+                            Some(a) if !a.mesh_wide => Some(Arc::from([a.namespace.clone()])),
+                            _ => None,
+                        },
+                    ),
+                    _ => build(
+                        items(t, resources, &v3),
+                        &scoped,
+                        prev,
+                        generation,
+                        |name| {
+                            crate::translate::service_of(name)
+                                .and_then(|s| resources.exported.get(s).cloned())
+                        },
+                    ),
+                };
             match old.types.get(t) {
                 Some(prev) if prev.version == new_type.version => {
                     next.types.insert(t, prev.clone());
@@ -228,39 +259,59 @@ impl Cache {
     }
 }
 
-/// The resources of one type as `generation` publishes them: an entry
-/// whose content is as in `prev` is `prev`'s (and keeps its `changed`).
-fn build<M: Message>(
-    type_url: &str,
-    items: &BTreeMap<String, M>,
-    prev: Option<&TypeSnapshot>,
-    generation: u64,
-    exported: &BTreeMap<String, Arc<[String]>>,
-) -> TypeSnapshot {
-    build_with(type_url, items, prev, generation, |name| {
-        crate::translate::service_of(name).and_then(|s| exported.get(s).cloned())
-    })
+/// The resources of type `t` in `r` (and its xDS v3 encoding), encoded.
+fn items(t: &str, r: &Resources, v3: &crate::xds_v3::Encoded) -> BTreeMap<String, Any> {
+    fn encode<M: Message>(t: &str, m: &BTreeMap<String, M>) -> BTreeMap<String, Any> {
+        m.iter().map(|(k, v)| (k.clone(), to_any(t, v))).collect()
+    }
+    match t {
+        CLUSTER_TYPE => encode(t, &r.clusters),
+        ENDPOINTS_TYPE => encode(t, &r.endpoints),
+        ROUTE_TYPE => encode(t, &r.routes),
+        PEER_AUTH_TYPE => encode(t, &r.peer_auth),
+        AUTHZ_TYPE => encode(t, &r.authz),
+        xds_v3::CLUSTER_TYPE => encode(t, &v3.clusters),
+        xds_v3::ENDPOINTS_TYPE => encode(t, &v3.endpoints),
+        xds_v3::LISTENER_TYPE => encode(t, &v3.listeners),
+        xds_v3::ROUTE_CONFIG_TYPE => encode(t, &v3.routes),
+        _ => unreachable!("the type lists name nine types"),
+    }
 }
 
-/// [`build`], with the namespaces that may see each resource, by name.
-fn build_with<M: Message>(
-    type_url: &str,
-    items: &BTreeMap<String, M>,
+/// The resources of one type as `generation` publishes them, the default
+/// view's `items` and, for each namespace in `scoped`, the entries its view
+/// holds otherwise; `visible_to` gives the namespaces that may see each
+/// resource, by name. An entry whose content is as in `prev` is `prev`'s
+/// (and keeps its `changed`).
+fn build(
+    items: BTreeMap<String, Any>,
+    scoped: &[(&String, BTreeMap<String, Any>)],
     prev: Option<&TypeSnapshot>,
     generation: u64,
     visible_to: impl Fn(&str) -> Option<Arc<[String]>>,
 ) -> TypeSnapshot {
+    let entry = |name: &str, any: &Any, prev: Option<&Arc<Entry>>| {
+        let version = fnv(&any.value);
+        let visible = visible_to(name);
+        match prev {
+            Some(e) if e.version == version && e.visible == visible => e.clone(),
+            _ => Arc::new(Entry {
+                version,
+                any: any.clone(),
+                changed: generation,
+                visible,
+            }),
+        }
+    };
     let mut resources = BTreeMap::new();
     let mut set = Vec::new();
     let mut restricted = false;
-    for (name, msg) in items {
-        let any = to_any(type_url, msg);
-        let version = fnv(&any.value);
-        let visible = visible_to(name);
+    for (name, any) in &items {
+        let e = entry(name, any, prev.and_then(|p| p.resources.get(name)));
         set.extend_from_slice(name.as_bytes());
         set.push(0);
-        set.extend_from_slice(version.as_bytes());
-        if let Some(to) = &visible {
+        set.extend_from_slice(e.version.as_bytes());
+        if let Some(to) = &e.visible {
             restricted = true;
             set.push(1);
             for ns in to.iter() {
@@ -268,20 +319,40 @@ fn build_with<M: Message>(
                 set.push(0);
             }
         }
-        let entry = match prev.and_then(|p| p.resources.get(name)) {
-            Some(e) if e.version == version && e.visible == visible => e.clone(),
-            _ => Arc::new(Entry {
-                version,
-                any,
-                changed: generation,
-                visible,
-            }),
-        };
-        resources.insert(name.clone(), entry);
+        resources.insert(name.clone(), e);
+    }
+    let base_version = fnv(&set);
+    let mut out_scoped = BTreeMap::new();
+    for (ns, view) in scoped {
+        let prev_ns = prev.and_then(|p| p.scoped.get(*ns));
+        let mut own = BTreeMap::new();
+        let names: std::collections::BTreeSet<&String> = items.keys().chain(view.keys()).collect();
+        for name in names {
+            let (d, v) = (items.get(name), view.get(name));
+            if d.map(|a| &a.value) == v.map(|a| &a.value) {
+                continue;
+            }
+            let e = v.map(|any| {
+                let before = prev_ns.and_then(|m| m.get(name)).and_then(Option::as_ref);
+                entry(name, any, before)
+            });
+            set.push(2);
+            set.extend_from_slice(ns.as_bytes());
+            set.push(0);
+            set.extend_from_slice(name.as_bytes());
+            set.push(0);
+            set.extend_from_slice(e.as_ref().map_or(b"-".as_slice(), |e| e.version.as_bytes()));
+            own.insert(name.clone(), e);
+        }
+        if !own.is_empty() {
+            out_scoped.insert((*ns).clone(), own);
+        }
     }
     TypeSnapshot {
         version: fnv(&set),
+        base_version,
         resources,
+        scoped: out_scoped,
         restricted,
     }
 }

@@ -444,17 +444,21 @@ pub struct LoadAwareState {
 fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &LoadAwareState) {
     let weights = la.weights.read().unwrap_or_else(|e| e.into_inner()).clone();
     let (resources, status) = translate::translate(store, &weights);
-    let aware: BTreeMap<String, Vec<String>> = resources
-        .clusters
-        .iter()
-        .filter(|(_, c)| c.policy == minimesh_proto::v1::LbPolicy::LoadAware as i32)
-        .map(|(name, _)| {
-            let eps = resources
-                .endpoints
-                .get(name)
-                .map(|c| c.endpoints.iter().map(|e| e.address.clone()).collect())
-                .unwrap_or_default();
-            (name.clone(), eps)
+    // A namespace's own rule may make a cluster LOAD_AWARE for its callers.
+    let aware: BTreeMap<String, Vec<String>> = std::iter::once(&resources)
+        .chain(resources.scoped.values())
+        .flat_map(|r| {
+            r.clusters
+                .iter()
+                .filter(|(_, c)| c.policy == minimesh_proto::v1::LbPolicy::LoadAware as i32)
+                .map(move |(name, _)| {
+                    let eps = r
+                        .endpoints
+                        .get(name)
+                        .map(|c| c.endpoints.iter().map(|e| e.address.clone()).collect())
+                        .unwrap_or_default();
+                    (name.clone(), eps)
+                })
         })
         .collect();
     // LOAD_AWARE wants fresh reports: one a second.
@@ -520,6 +524,7 @@ fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &
     let peer_authentications = config::security::view(&store.peer_auth);
     admin.set_config(ConfigView {
         rules,
+        rule_scope: translate::rule_scope(store),
         peer_authentications,
         virtual_services: store
             .virtual_services

@@ -582,11 +582,7 @@ impl Session for LoadSession {
                 ]
                 .iter()
                 .filter_map(|t| published.types.get(t))
-                .any(|t| {
-                    t.resources
-                        .get(name)
-                        .is_some_and(|e| e.visible_to(Some(ns)))
-                })
+                .any(|t| t.get_for(name, Some(ns)).is_some())
             };
             let before = req.cluster_stats.len();
             req.cluster_stats.retain(|c| visible(&c.cluster_name));

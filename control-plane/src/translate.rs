@@ -11,17 +11,19 @@ use minimesh_proto::v1::{
 use serde::Serialize;
 
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
-use crate::config::parse::{ObjectKey, ValidRule, ISTIO_RULE_KIND};
+use crate::config::parse::ObjectKey;
 use crate::config::rule::{self, Policy};
 use crate::config::security::ROOT_NAMESPACE;
 use crate::store::Store;
 
 mod gateway_api;
 mod routes;
+mod scope;
 mod security;
 
 pub use gateway_api::{desired as http_route_desired_status, status as http_route_status};
 pub use routes::{subset_cluster_name, warnings as route_warnings};
+pub use scope::view as rule_scope;
 
 /// Everything sidecars are sent, by resource name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -42,6 +44,10 @@ pub struct Resources {
     /// AuthorizationPolicies by `kind/namespace/name` (each seen by its
     /// namespace's proxies only, mesh-wide ones by every proxy).
     pub authz: BTreeMap<String, v1::Authorization>,
+    /// What the proxies of some namespaces get instead, by namespace: the
+    /// whole set as their DestinationRules make it (a rule of their own,
+    /// or one exported to them alone). Empty in a view itself.
+    pub scoped: BTreeMap<String, Resources>,
 }
 
 /// The Service annotation that limits which namespaces see it, as Istio's.
@@ -167,13 +173,11 @@ pub fn port_kind(port: &ServicePort) -> PortProtocol {
 
 pub use crate::config::kube::resolve_host;
 
-/// Translates the store. A rule applies to its host from the host's own
-/// namespace, or from the root namespace (`minimesh-system`) for services
-/// whose namespace has none, to every caller; a rule of a third namespace
-/// (which Istio applies to that namespace's callers only) is refused, so
-/// that no namespace changes what others get. Rules for the same service
-/// in the same scope conflict: the first (minimesh's before Istio's, then
-/// by namespace and name) wins and the others are reported.
+/// Translates the store. Which rule a caller gets for a service is Istio's
+/// lookup ([`scope`]): its own namespace's, else the service's namespace's,
+/// else the root namespace's, each as its `exportTo` allows. What callers
+/// of most namespaces get is the default view; a namespace whose callers
+/// get other rules has its own view in [`Resources::scoped`].
 ///
 /// `load_weights` holds the LOAD_AWARE weights by cluster and endpoint
 /// address; endpoints without one get the mean weight.
@@ -182,86 +186,28 @@ pub fn translate(
     load_weights: &BTreeMap<String, BTreeMap<String, u32>>,
 ) -> (Resources, BTreeMap<ObjectKey, RuleStatus>) {
     let mut status = BTreeMap::new();
-    let mut rule_for: BTreeMap<(String, String), (&ObjectKey, &ValidRule)> = BTreeMap::new();
     let mut overridden: BTreeMap<ObjectKey, Vec<String>> = BTreeMap::new();
+    let scope = scope::Scope::of(store, &mut status, &mut overridden);
+    let default_rules = scope.rules_for(None);
+    let mut out = build(store, load_weights, &default_rules, &mut status);
+    for ns in scope.namespaces() {
+        let rules = scope.rules_for(Some(ns));
+        if rules != default_rules {
+            let view = build(store, load_weights, &rules, &mut status);
+            out.scoped.insert(ns.to_string(), view);
+        }
+    }
     let services: BTreeSet<(String, String)> = store
         .services
         .keys()
         .map(|k| (k.name.clone(), k.namespace.clone()))
         .collect();
-    // The host's namespace's rules first, then the root namespace's.
-    let scope = |key: &ObjectKey, rule: &ValidRule| -> u8 {
-        match resolve_host(&rule.rule.spec.host, &key.namespace) {
-            Some((_, ns)) if ns == key.namespace => 0,
-            _ if key.namespace == ROOT_NAMESPACE => 1,
-            _ => 2,
-        }
-    };
-    let mut ordered: Vec<(&ObjectKey, &ValidRule)> =
-        store.rules.iter().map(|(k, (r, _))| (k, &**r)).collect();
-    ordered.sort_by_key(|(k, r)| scope(k, r));
-    for (key, rule) in ordered {
+    // A rule that won its namespace's place: in force where some view
+    // applies it (its clusters say where), waiting for its service, or
+    // shadowed everywhere.
+    for (target, key, rule) in scope.winners() {
         let policy = Some(rule.resolved.policy.as_str());
-        let Some(target) = resolve_host(&rule.rule.spec.host, &key.namespace) else {
-            status.insert(
-                key.clone(),
-                RuleStatus {
-                    accepted: false,
-                    reason: "NoService".into(),
-                    message: format!(
-                        "spec.host: {:?} is not a service name (name, name.namespace or name.namespace.svc.cluster.local)",
-                        rule.rule.spec.host
-                    ),
-                    policy,
-                    clusters: vec![],
-                    warnings: vec![],
-                },
-            );
-            continue;
-        };
-        if scope(key, rule) == 2 {
-            status.insert(
-                key.clone(),
-                RuleStatus {
-                    accepted: false,
-                    reason: "OutOfScope".into(),
-                    message: format!(
-                        "spec.host: service {}.{} is of namespace {}: a rule applies to it from that namespace or from {ROOT_NAMESPACE} (as Istio's do for every caller); from namespace {}, Istio would apply it to that namespace's callers only, which minimesh does not do yet: this rule is not applied, so that no namespace changes what another's callers get",
-                        target.0, target.1, target.1, key.namespace
-                    ),
-                    policy,
-                    clusters: vec![],
-                    warnings: vec![],
-                },
-            );
-            continue;
-        }
-        if let Some((other, _)) = rule_for.get(&target) {
-            // Istio's rules get no status from minimesh: the minimesh rule
-            // that overrides one says so in its own.
-            if key.kind == ISTIO_RULE_KIND && other.kind != ISTIO_RULE_KIND {
-                overridden.entry((*other).clone()).or_default().push(format!(
-                    "Istio's DestinationRule {}/{} (networking.istio.io) also names service {}.{}; this rule is applied and that one is ignored",
-                    key.namespace, key.name, target.0, target.1
-                ));
-            }
-            status.insert(
-                key.clone(),
-                RuleStatus {
-                    accepted: false,
-                    reason: "Conflict".into(),
-                    message: format!(
-                        "spec.host: service {}.{} already has rule {}/{}; this rule is not applied",
-                        target.0, target.1, other.namespace, other.name
-                    ),
-                    policy,
-                    clusters: vec![],
-                    warnings: vec![],
-                },
-            );
-            continue;
-        }
-        if !services.contains(&target) {
+        if !services.contains(target) {
             status.insert(
                 key.clone(),
                 RuleStatus {
@@ -276,10 +222,54 @@ pub fn translate(
                     warnings: vec![],
                 },
             );
+            continue;
         }
-        rule_for.insert(target, (key, rule));
+        let Some(st) = status.get_mut(key) else {
+            status.insert(
+                key.clone(),
+                RuleStatus {
+                    accepted: false,
+                    reason: "Conflict".into(),
+                    message: format!(
+                        "spec.host: no caller gets this rule for service {}.{}: spec.exportTo shows it to no namespace, or each that may see it gets another first (the caller's namespace's, then the service's, then {ROOT_NAMESPACE}'s); this rule is not applied",
+                        target.0, target.1
+                    ),
+                    policy,
+                    clusters: vec![],
+                    warnings: vec![],
+                },
+            );
+            continue;
+        };
+        st.clusters.sort();
+        st.clusters.dedup();
+        if key.namespace != target.1 && key.namespace != ROOT_NAMESPACE {
+            let note = format!(
+                "applies to callers in namespace {} only (Istio's lookup: the caller's namespace, then the service's, then {ROOT_NAMESPACE})",
+                key.namespace
+            );
+            st.message = match st.message.is_empty() {
+                true => note,
+                false => format!("{note}; {}", st.message),
+            };
+        }
     }
+    for (key, warnings) in overridden {
+        if let Some(s) = status.get_mut(&key) {
+            s.warnings.extend(warnings);
+        }
+    }
+    (out, status)
+}
 
+/// The resources of one view: every service with the rule `rule_for`
+/// gives it; the rules applied record their clusters in `status`.
+fn build(
+    store: &Store,
+    load_weights: &BTreeMap<String, BTreeMap<String, u32>>,
+    rule_for: &scope::RuleFor<'_>,
+    status: &mut BTreeMap<ObjectKey, RuleStatus>,
+) -> Resources {
     let mut out = Resources {
         peer_auth: security::peer_authentications(store),
         authz: store
@@ -448,7 +438,12 @@ pub fn translate(
                 .filter(|n| !tcp_ports.iter().any(|p| p.port == **n))
                 .map(u16::to_string)
                 .collect();
-            if let (false, Some(st)) = (unmatched.is_empty(), status.get_mut(*key)) {
+            // (Once: every view that applies the rule comes here.)
+            let st = status.get_mut(*key).filter(|st| {
+                !st.message
+                    .starts_with("spec.trafficPolicy.portLevelSettings")
+            });
+            if let (false, Some(st)) = (unmatched.is_empty(), st) {
                 let ports: Vec<String> = tcp_ports.iter().map(|p| p.port.to_string()).collect();
                 let note = std::mem::take(&mut st.message);
                 st.message = format!(
@@ -478,12 +473,7 @@ pub fn translate(
     routes::apply_virtual_services(store, &mut out);
     routes::apply_gateways(store, &mut out);
     gateway_api::apply(store, &mut out);
-    for (key, warnings) in overridden {
-        if let Some(s) = status.get_mut(&key) {
-            s.warnings.extend(warnings);
-        }
-    }
-    (out, status)
+    out
 }
 
 /// Outlier detection on the wire.
@@ -606,6 +596,7 @@ fn health(ep: &SliceEndpoint) -> HealthStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse::ISTIO_RULE_KIND;
 
     fn store(yaml: &str) -> Store {
         let file = std::path::Path::new("test.yaml");
@@ -621,6 +612,119 @@ mod tests {
     }
 
     const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: backend}\nspec: {ports: [{name: http, port: 80}, {name: grpc, port: 9000}]}\n";
+
+    /// A rule for backend.default in `ns`, with `policy` and `exportTo`.
+    fn rule(ns: &str, name: &str, policy: &str, export_to: &str) -> String {
+        format!("---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  host: backend.default.svc.cluster.local\n  exportTo: {export_to}\n  trafficPolicy: {{loadBalancer: {{simple: {policy}}}}}\n")
+    }
+
+    fn istio_key(namespace: &str, name: &str) -> ObjectKey {
+        ObjectKey {
+            kind: ISTIO_RULE_KIND,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The policy of backend's port 80 as callers of `view` get it.
+    fn policy_in(r: &Resources, view: Option<&str>) -> i32 {
+        let name = "backend.default.svc.cluster.local:80";
+        let c = view
+            .and_then(|ns| r.scoped.get(ns))
+            .map_or(&r.clusters[name], |v| &v.clusters[name]);
+        c.policy
+    }
+
+    #[test]
+    fn rules_are_looked_up_as_istio_does_callers_then_services_then_root() {
+        let (rr, random, least) = (
+            LbPolicy::RoundRobin as i32,
+            LbPolicy::Random as i32,
+            LbPolicy::LeastRequest as i32,
+        );
+        // A third namespace's rule: its own callers only.
+        let s = store(&format!(
+            "{SERVICE}{}",
+            rule("aaa", "steal", "RANDOM", "[]")
+        ));
+        let (r, status) = translate(&s, &BTreeMap::new());
+        assert_eq!(
+            (policy_in(&r, None), policy_in(&r, Some("aaa"))),
+            (least, random)
+        );
+        let st = &status[&istio_key("aaa", "steal")];
+        assert!(st.accepted, "{st:?}");
+        assert!(
+            st.message
+                .starts_with("applies to callers in namespace aaa only"),
+            "{st:?}"
+        );
+        // The root's for everyone else; the service's own first.
+        let s = store(&format!(
+            "{SERVICE}{}{}{}",
+            rule("aaa", "steal", "RANDOM", "[]"),
+            rule("minimesh-system", "mesh", "ROUND_ROBIN", "[]"),
+            rule("default", "own", "LEAST_REQUEST", "['.']"),
+        ));
+        let (r, status) = translate(&s, &BTreeMap::new());
+        // `own` is for its namespace's callers only: the others get the root's.
+        assert_eq!(policy_in(&r, None), rr);
+        assert_eq!(policy_in(&r, Some("default")), least);
+        assert_eq!(policy_in(&r, Some("aaa")), random);
+        assert!(r.scoped.contains_key("default") && r.scoped.contains_key("aaa"));
+        assert!(
+            !r.scoped.contains_key("minimesh-system"),
+            "the root's callers see the default"
+        );
+        assert!(status.values().all(|s| s.accepted), "{status:?}");
+        // Exported to every namespace, `own` shadows the root's everywhere
+        // but in the root namespace, whose callers' own rule comes first.
+        let s = store(&format!(
+            "{SERVICE}{}{}",
+            rule("minimesh-system", "mesh", "ROUND_ROBIN", "['*']"),
+            rule("default", "own", "RANDOM", "[]"),
+        ));
+        let (r, _) = translate(&s, &BTreeMap::new());
+        assert_eq!(policy_in(&r, None), random);
+        assert_eq!(policy_in(&r, Some("minimesh-system")), rr);
+        assert_eq!(r.scoped.keys().collect::<Vec<_>>(), ["minimesh-system"]);
+        // Exported to none, a rule is nobody's: not applied, and says so.
+        let s = store(&format!(
+            "{SERVICE}{}",
+            rule("default", "own", "RANDOM", "['~']")
+        ));
+        let (r, status) = translate(&s, &BTreeMap::new());
+        assert_eq!((policy_in(&r, None), r.scoped.len()), (least, 0));
+        let own = &status[&istio_key("default", "own")];
+        assert_eq!(
+            (own.accepted, own.reason.as_str()),
+            (false, "Conflict"),
+            "{own:?}"
+        );
+        // Named namespaces: bbb gets the service's rule, others none.
+        let s = store(&format!(
+            "{SERVICE}{}",
+            rule("default", "own", "RANDOM", "[bbb]")
+        ));
+        let (r, _) = translate(&s, &BTreeMap::new());
+        assert_eq!(policy_in(&r, None), least);
+        assert_eq!(policy_in(&r, Some("bbb")), random);
+        assert_eq!(
+            policy_in(&r, Some("default")),
+            least,
+            "not exported to its own namespace"
+        );
+        // What `minimesh get rules` shows of it.
+        assert_eq!(
+            rule_scope(&s),
+            vec![
+                serde_json::json!({"service": "backend.default", "callers": [
+                    {"namespace": "*", "rule": null},
+                    {"namespace": "bbb", "rule": "default/own"},
+                ]})
+            ]
+        );
+    }
 
     #[test]
     fn a_service_with_no_rule_gets_what_a_rule_that_sets_nothing_gets() {

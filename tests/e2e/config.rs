@@ -282,70 +282,86 @@ async fn a_non_prime_maglev_table_never_leaves_the_control_plane() {
     assert_eq!(policy_of(&v, "backend"), "RANDOM");
 }
 
-/// Rule scope: a DestinationRule of a third namespace (Istio would apply
-/// it to that namespace's callers only) changes nothing for anyone, and
-/// says why; the root namespace's rule applies to a service whose own
-/// namespace has none, and yields to one there.
+/// Rule scope, Istio's lookup: a caller gets its own namespace's rule,
+/// else the service's namespace's, else the root namespace's, each as its
+/// `exportTo` allows. Sidecars in three namespaces: `default` (the
+/// service's), `aaa` (which writes a rule of its own) and `bbb` (none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rule_of_another_namespace_changes_nothing_and_the_services_own_comes_first() {
+async fn rules_apply_to_callers_as_istio_looks_them_up_and_as_export_to_allows() {
     let net = Net::new(149);
     let _b = net.backend(1, &[]).await;
     net.service("backend", &[1]);
     let _cp = net.control_plane().await;
-    let _sc = net.sidecar(100, &[]).await;
-    let rule = |ns: &str, name: &str, policy: &str| {
-        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  host: backend.default.svc.cluster.local\n  trafficPolicy:\n    loadBalancer: {{simple: {policy}}}\n    tls: {{mode: DISABLE}}\n")
+    let _in_default = net.sidecar(100, &[]).await;
+    let _in_aaa = net.sidecar_in(101, "aaa", &[]).await;
+    let _in_bbb = net.sidecar_in(102, "bbb", &[]).await;
+    let rule = |ns: &str, name: &str, policy: &str, export_to: &str| {
+        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  host: backend.default.svc.cluster.local\n  exportTo: {export_to}\n  trafficPolicy:\n    loadBalancer: {{simple: {policy}}}\n    tls: {{mode: DISABLE}}\n")
     };
-    net.write("aaa.yaml", &rule("aaa", "steal", "RANDOM"));
+    // The policy each of the three gets, once it is `want`.
+    let expect = |want: [&'static str; 3]| {
+        let net = &net;
+        async move {
+            for (host, policy) in [100, 101, 102].into_iter().zip(want) {
+                wait_sidecar(net.addr(host, 15000), Duration::from_secs(10), |v| {
+                    policy_of(v, "backend") == policy
+                })
+                .await;
+            }
+        }
+    };
+    // A rule of aaa's: aaa's callers only.
+    net.write("aaa.yaml", &rule("aaa", "mine", "RANDOM", "[]"));
+    expect(["LEAST_REQUEST", "RANDOM", "LEAST_REQUEST"]).await;
     let config = wait_cp_config(&net, |c| {
         c["rules"]
             .as_array()
-            .is_some_and(|r| r.iter().any(|r| r["name"] == "steal"))
+            .is_some_and(|r| r.iter().any(|r| r["name"] == "mine"))
     })
     .await;
-    let steal = config["rules"]
+    let mine = config["rules"]
         .as_array()
-        .and_then(|r| r.iter().find(|r| r["name"] == "steal"))
+        .and_then(|r| r.iter().find(|r| r["name"] == "mine"))
         .expect("listed");
-    assert_eq!(
-        (&steal["accepted"], &steal["reason"]),
-        (&false.into(), &"OutOfScope".into()),
-        "{steal:#}"
-    );
+    assert_eq!(mine["accepted"], true, "{mine:#}");
     assert!(
-        steal["message"].as_str().is_some_and(|m| m.starts_with(
-            "spec.host: service backend.default is of namespace default: a rule applies to it from that namespace or from minimesh-system"
+        mine["message"].as_str().is_some_and(|m| m.starts_with(
+            "applies to callers in namespace aaa only (Istio's lookup: the caller's namespace, then the service's, then minimesh-system)"
         )),
-        "{steal:#}"
+        "{mine:#}"
     );
-    let v = get_json(net.addr(100, 15000), "/debug/config").await;
-    assert_eq!(
-        policy_of(&v, "backend"),
-        "LEAST_REQUEST",
-        "the default stays"
-    );
-    // The root namespace's applies; the service's own namespace's wins over it.
+    // The root namespace's: everyone else. The service's own, for its
+    // namespace only (exportTo: ["."]): default's callers; bbb's keep the
+    // root's, aaa's their own.
     net.write(
         "root.yaml",
-        &rule("minimesh-system", "mesh-default", "ROUND_ROBIN"),
+        &rule("minimesh-system", "mesh-default", "ROUND_ROBIN", "[]"),
     );
-    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
-        policy_of(v, "backend") == "ROUND_ROBIN"
-    })
-    .await;
-    net.write("own.yaml", &rule("default", "own", "RANDOM"));
-    wait_sidecar(net.addr(100, 15000), Duration::from_secs(10), |v| {
-        policy_of(v, "backend") == "RANDOM"
-    })
-    .await;
-    let config = wait_cp_config(&net, |c| {
-        c["rules"].as_array().is_some_and(|r| {
-            r.iter()
-                .any(|r| r["name"] == "mesh-default" && r["reason"] == "Conflict")
-        })
-    })
-    .await;
-    assert!(config["rules"].as_array().is_some_and(|r| r
-        .iter()
-        .any(|r| r["name"] == "own" && r["accepted"] == true)));
+    expect(["ROUND_ROBIN", "RANDOM", "ROUND_ROBIN"]).await;
+    net.write("own.yaml", &rule("default", "own", "PEAK_EWMA", "['.']"));
+    expect(["PEAK_EWMA", "RANDOM", "ROUND_ROBIN"]).await;
+    // Exported to every namespace, the service's own shadows the root's
+    // for every caller but aaa's.
+    net.write("own.yaml", &rule("default", "own", "PEAK_EWMA", "['*']"));
+    expect(["PEAK_EWMA", "RANDOM", "PEAK_EWMA"]).await;
+    // The root namespace's callers get the root's: their own namespace's.
+    let scope = serde_json::json!([{"service": "backend.default", "callers": [
+        {"namespace": "*", "rule": "default/own"},
+        {"namespace": "aaa", "rule": "aaa/mine"},
+        {"namespace": "minimesh-system", "rule": "minimesh-system/mesh-default"},
+    ]}]);
+    wait_cp_config(&net, |c| c["ruleScope"] == scope).await;
+    // `minimesh get rules` says which rule each caller namespace gets.
+    let admin = net.cp_admin().to_string();
+    let out = std::process::Command::new(bin("minimesh"))
+        .args(["get", "rules", "--control-plane-admin", &admin])
+        .output()
+        .expect("minimesh get rules");
+    let out = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "backend.default                          (other namespaces)   default/own",
+        "backend.default                          aaa                  aaa/mine",
+    ] {
+        assert!(out.contains(line), "{line:?} not in:\n{out}");
+    }
 }

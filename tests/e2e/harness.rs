@@ -182,13 +182,22 @@ impl Net {
 
     /// The same, connected to the control plane at `xds`.
     pub async fn sidecar_of(&self, host: u8, xds: SocketAddr, extra: &[&str]) -> Proc {
+        self.sidecar_at(host, xds, NS, extra).await
+    }
+
+    /// A sidecar of a workload in `namespace`.
+    pub async fn sidecar_in(&self, host: u8, namespace: &str, extra: &[&str]) -> Proc {
+        self.sidecar_at(host, self.cp_xds(), namespace, extra).await
+    }
+
+    async fn sidecar_at(&self, host: u8, xds: SocketAddr, namespace: &str, extra: &[&str]) -> Proc {
         let mut args = vec![
             "--xds-addr".to_string(),
             format!("http://{xds}"),
             "--workload".into(),
             format!("client-{host}"),
             "--namespace".into(),
-            NS.into(),
+            namespace.into(),
             "--outbound".into(),
             self.addr(host, 15001).to_string(),
             "--admin".into(),

@@ -60,8 +60,8 @@ pub struct Condition {
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict`, `NoService`,
-    /// `OutOfScope` (a rule of a third namespace);
+    /// One CamelCase word: `Accepted`, `Invalid`, `Conflict` (another rule
+    /// comes first for every caller that may see this one), `NoService`;
     /// for `Warnings`, `HasWarnings` or `NoWarnings`.
     pub reason: String,
     /// What is wrong, naming the field and the reason.

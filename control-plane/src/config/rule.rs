@@ -104,8 +104,10 @@ pub struct RuleSpec {
     #[serde(default)]
     #[schemars(schema_with = "any_objects")]
     pub subsets: Vec<serde_json::Value>,
-    /// Istio visibility: accepted; minimesh rules apply to callers in every
-    /// namespace, so anything but `["*"]` is reported as a warning.
+    /// Istio's visibility: the namespaces whose callers may get this rule
+    /// (`.` this one, `*` every one, `~` none, or namespace names); none
+    /// listed is `*`. A caller's own namespace's rule comes first, then the
+    /// service's namespace's, then the root namespace's.
     #[serde(default)]
     pub export_to: Vec<String>,
     /// Istio workload selector: accepted, not yet used (warning).
@@ -661,20 +663,23 @@ subsets:
     }
 
     #[test]
-    fn export_to_other_than_everywhere_is_a_warning() {
-        let warnings = |export_to: &[&str]| {
+    fn export_to_takes_istio_values_and_refuses_others() {
+        let check = |export_to: &[&str]| {
             validate(&RuleSpec {
                 host: "a".into(),
                 export_to: export_to.iter().map(|e| e.to_string()).collect(),
                 ..Default::default()
             })
-            .expect("valid")
-            .1
+            .map(|(_, w)| w)
         };
-        assert!(warnings(&["*"]).is_empty());
+        for ok in [&["*"][..], &["."], &["~"], &[".", "team-b"]] {
+            assert_eq!(check(ok), Ok(vec![]), "{ok:?}");
+        }
+        let e = check(&[".", "Team_B"]).unwrap_err();
+        assert_eq!(e.field, "spec.exportTo[1]");
         assert_eq!(
-            warnings(&["."]),
-            vec!["spec.exportTo: [\".\"] is accepted but not enforced; the rule applies to callers in every namespace".to_string()]
+            e.reason,
+            "\"Team_B\" is not a namespace name, \".\" (this namespace), \"*\" (every namespace) or \"~\" (none)"
         );
     }
 

@@ -401,17 +401,16 @@ impl Protocol for Sotw {
         let (version, resources) = match &state.names {
             None => (
                 ts.version_for(namespace),
-                ts.resources
-                    .values()
-                    .filter(|e| e.visible_to(namespace) && lacks(e))
-                    .map(|e| e.any.clone())
+                ts.iter_for(namespace)
+                    .filter(|(_, e)| lacks(e))
+                    .map(|(_, e)| e.any.clone())
                     .collect::<Vec<_>>(),
             ),
             Some(names) => {
                 let mut set = Vec::new();
                 let mut out = Vec::new();
                 for n in names {
-                    if let Some(e) = ts.resources.get(n).filter(|e| e.visible_to(namespace)) {
+                    if let Some(e) = ts.get_for(n, namespace) {
                         set.extend_from_slice(n.as_bytes());
                         set.extend_from_slice(e.version.as_bytes());
                         if lacks(e) {
@@ -543,8 +542,8 @@ impl Protocol for Delta {
         let empty = Arc::new(TypeSnapshot::default());
         let ts = snap.get(t).unwrap_or(&empty);
         let mut resources = Vec::new();
-        for (name, entry) in &ts.resources {
-            if !(state.wildcard || state.names.contains(name)) || !entry.visible_to(namespace) {
+        for (name, entry) in ts.iter_for(namespace) {
+            if !(state.wildcard || state.names.contains(name)) {
                 continue;
             }
             if state.client.get(name) != Some(&entry.version) {
@@ -559,10 +558,7 @@ impl Protocol for Delta {
             .client
             .keys()
             .filter(|n| {
-                !ts.resources
-                    .get(*n)
-                    .is_some_and(|e| e.visible_to(namespace))
-                    || !(state.wildcard || state.names.contains(*n))
+                ts.get_for(n, namespace).is_none() || !(state.wildcard || state.names.contains(*n))
             })
             .cloned()
             .collect();

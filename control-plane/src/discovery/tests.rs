@@ -387,3 +387,91 @@ async fn services_exported_to_some_namespaces_reach_only_their_proxies_by_either
     assert!(removed.resources.is_empty());
     assert_eq!(removed.removed_resources, [names[0]]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_namespace_with_rules_of_its_own_gets_its_view_by_either_protocol() {
+    let names = ["web.a.svc.cluster.local:80", "web.b.svc.cluster.local:80"];
+    let mut r = clusters(LbPolicy::RoundRobin, &names);
+    // Callers in `a` get web.b by their own rule (RANDOM), and a subset
+    // cluster no one else has; they lack nothing else.
+    let mut view = r.clone();
+    view.clusters.get_mut(names[1]).expect("cluster").policy = LbPolicy::Random as i32;
+    let subset = "web.b.svc.cluster.local:80|v1";
+    view.clusters.insert(
+        subset.into(),
+        Cluster {
+            name: subset.into(),
+            ..Default::default()
+        },
+    );
+    r.scoped.insert("a".into(), view);
+    let m = mesh(r.clone());
+    let policies = |resources: &[minimesh_proto::prost_types::Any]| -> Vec<(String, i32)> {
+        resources
+            .iter()
+            .map(|a| {
+                let c = Cluster::decode(a.value.as_slice()).expect("cluster");
+                (c.name, c.policy)
+            })
+            .collect()
+    };
+    let (rr, random) = (LbPolicy::RoundRobin as i32, LbPolicy::Random as i32);
+    let (tx_b, mut s_b) = sotw(&m);
+    let (tx_a, mut s_a) = sotw(&m);
+    for (tx, ns) in [(&tx_b, "b"), (&tx_a, "a")] {
+        tx.send(Ok(DiscoveryRequest {
+            node: node_in(ns),
+            type_url: CLUSTER_TYPE.into(),
+            ..Default::default()
+        }))
+        .expect("send");
+    }
+    let (rb, ra) = (next(&mut s_b).await, next(&mut s_a).await);
+    assert_eq!(
+        policies(&rb.resources),
+        [(names[0].to_string(), rr), (names[1].to_string(), rr)]
+    );
+    assert_eq!(
+        policies(&ra.resources),
+        [
+            (names[0].to_string(), rr),
+            (names[1].to_string(), random),
+            (subset.to_string(), 0)
+        ]
+    );
+    assert_ne!(rb.version_info, ra.version_info);
+
+    // Delta: a's view; once the rule is gone, web.b's default comes back
+    // and the subset is removed; b is told nothing.
+    let (tx, mut s) = delta(&m);
+    tx.send(Ok(DeltaDiscoveryRequest {
+        node: node_in("a"),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    }))
+    .expect("send");
+    let first = next(&mut s).await;
+    let got: Vec<&str> = first.resources.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(got, [names[0], names[1], subset]);
+    tx.send(Ok(DeltaDiscoveryRequest {
+        type_url: CLUSTER_TYPE.into(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    }))
+    .expect("ack");
+    let mut plain = r.clone();
+    plain.scoped.clear();
+    m.cache.update(&plain);
+    let back = next(&mut s).await;
+    let anys: Vec<_> = back
+        .resources
+        .iter()
+        .filter_map(|x| x.resource.clone())
+        .collect();
+    assert_eq!(policies(&anys), [(names[1].to_string(), rr)]);
+    assert_eq!(back.removed_resources, [subset]);
+    // The version b's proxies see did not move.
+    let snap = m.cache.current();
+    let ts = snap.get(CLUSTER_TYPE).expect("clusters");
+    assert_eq!(ts.version_for(Some("b")), rb.version_info);
+}

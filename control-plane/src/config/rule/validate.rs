@@ -53,11 +53,19 @@ pub fn validate(spec: &RuleSpec) -> Result<(Resolved, Vec<String>), FieldError> 
             "wildcard hosts are not supported; name one service",
         ));
     }
-    if spec.export_to.iter().any(|e| e != "*") {
-        warnings.push(format!(
-            "spec.exportTo: {:?} is accepted but not enforced; the rule applies to callers in every namespace",
-            spec.export_to
-        ));
+    for (i, e) in spec.export_to.iter().enumerate() {
+        let label = !e.is_empty()
+            && e.len() <= 63
+            && e.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !e.starts_with('-')
+            && !e.ends_with('-');
+        if !(label || matches!(e.as_str(), "*" | "." | "~")) {
+            return Err(FieldError::new(
+                format!("spec.exportTo[{i}]"),
+                format!("{e:?} is not a namespace name, \".\" (this namespace), \"*\" (every namespace) or \"~\" (none)"),
+            ));
+        }
     }
     if spec.workload_selector.is_some() {
         warnings.push(
