@@ -128,8 +128,8 @@ impl<'a> Scope<'a> {
                     refused(
                         "Conflict",
                         format!(
-                            "spec.host: service {}.{} already has rule {}/{} in namespace {}; this rule is not applied",
-                            target.0, target.1, other.key.namespace, other.key.name, key.namespace
+                            "spec.host: service {}.{} already has rule {}/{}; this rule is not applied",
+                            target.0, target.1, other.key.namespace, other.key.name
                         ),
                         policy,
                     ),
