@@ -12,6 +12,7 @@ pub mod capture;
 pub mod clock;
 pub mod coarse_timer;
 pub mod endpoint;
+pub mod fuzz;
 #[cfg(not(feature = "hyper-h1"))]
 pub mod h1;
 /// The A/B arm on hyper's client (`--features hyper-h1`).

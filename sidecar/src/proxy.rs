@@ -29,14 +29,14 @@ use minimesh_proto::headers;
 mod admission;
 mod attempt;
 mod edge;
-pub mod fuzz;
-mod path;
+pub(crate) mod path;
 mod request;
 mod respond;
 mod tries;
 
 use admission::*;
 use attempt::*;
+pub(crate) use request::HOP_BY_HOP;
 use request::*;
 use respond::*;
 pub use respond::{local, Tracked};

@@ -32,8 +32,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::*;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use minimesh_proto::headers;
+
 use crate::balance::Policy;
+use crate::endpoint::EndpointState;
+use crate::proxy::{path, Edge, HeadLimits, Proxy, HOP_BY_HOP};
+use crate::routing::{ClusterHandle, Routing};
 use crate::upstream::PoolSettings;
 
 /// What the apps answer with, and no client may see: in a mesh header, and
@@ -358,7 +371,7 @@ pub fn check(data: &[u8]) -> Vec<u8> {
         );
         let path = r.path.split('?').next().unwrap_or_default();
         assert_eq!(
-            super::path::normalize(path),
+            path::normalize(path),
             Ok(None),
             "a path not in its normal form reached the app: {r:?}"
         );
