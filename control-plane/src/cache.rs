@@ -206,41 +206,40 @@ impl Cache {
         let mut changed = false;
         for t in ALL_TYPES.into_iter().chain(xds_v3::ALL_TYPES) {
             let prev = old.types.get(t).map(|p| p.as_ref());
+            // Peer authentications and authorization policies are the same
+            // in every view (rules do not touch them): no view of their own.
+            let per_view = !matches!(t, PEER_AUTH_TYPE | AUTHZ_TYPE);
             let scoped: Vec<(&String, BTreeMap<String, Any>)> = views
                 .iter()
+                .filter(|_| per_view)
                 .map(|(ns, r, v3)| (*ns, items(t, r, v3)))
                 .collect();
-            let new_type =
-                match t {
-                    PEER_AUTH_TYPE => {
-                        build(items(t, resources, &v3), &scoped, prev, generation, |ns| {
-                            match resources.peer_auth.get(ns) {
-                                Some(p) if !p.mesh_wide => Some(Arc::from([ns.to_string()])),
-                                _ => None,
-                            }
-                        })
-                    }
-                    AUTHZ_TYPE => build(
-                        items(t, resources, &v3),
-                        &scoped,
-                        prev,
-                        generation,
-                        |name| match resources.authz.get(name) {
-                            Some(a) if !a.mesh_wide => Some(Arc::from([a.namespace.clone()])),
-                            _ => None,
-                        },
-                    ),
-                    _ => build(
-                        items(t, resources, &v3),
-                        &scoped,
-                        prev,
-                        generation,
-                        |name| {
-                            crate::translate::service_of(name)
-                                .and_then(|s| resources.exported.get(s).cloned())
-                        },
-                    ),
-                };
+            let visible_to: VisibleTo<'_> = match t {
+                // A namespace's is its own proxies'; the mesh-wide one
+                // every proxy's.
+                PEER_AUTH_TYPE => Box::new(|ns| match resources.peer_auth.get(ns) {
+                    Some(p) if !p.mesh_wide => Some(Arc::from([ns.to_string()])),
+                    _ => None,
+                }),
+                // A namespace's policy is its own proxies'; one of the
+                // root namespace every proxy's.
+                AUTHZ_TYPE => Box::new(|name| match resources.authz.get(name) {
+                    Some(a) if !a.mesh_wide => Some(Arc::from([a.namespace.clone()])),
+                    _ => None,
+                }),
+                // A Service's `exportTo`.
+                _ => Box::new(|name| {
+                    crate::translate::service_of(name)
+                        .and_then(|s| resources.exported.get(s).cloned())
+                }),
+            };
+            let new_type = build(
+                items(t, resources, &v3),
+                &scoped,
+                prev,
+                generation,
+                visible_to,
+            );
             match old.types.get(t) {
                 Some(prev) if prev.version == new_type.version => {
                     next.types.insert(t, prev.clone());
@@ -258,6 +257,9 @@ impl Cache {
         changed
     }
 }
+
+/// The namespaces that may see a resource, by its name (None: every one).
+type VisibleTo<'a> = Box<dyn Fn(&str) -> Option<Arc<[String]>> + 'a>;
 
 /// The resources of type `t` in `r` (and its xDS v3 encoding), encoded.
 fn items(t: &str, r: &Resources, v3: &crate::xds_v3::Encoded) -> BTreeMap<String, Any> {
