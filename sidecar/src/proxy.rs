@@ -150,7 +150,7 @@ impl Proxy {
         if let Some(edge) = &self.edge {
             edge.inward(&mut req);
         }
-        if let Err(reason) = normalize_path(&mut req) {
+        if let Err(reason) = path::normalize_request(&mut req) {
             let answer = answer_to(self.edge, local(StatusCode::BAD_REQUEST, reason));
             return futures_util::future::Either::Right(std::future::ready(Ok(answer)));
         }
@@ -548,27 +548,6 @@ fn forward(
         }
         Ok(answer_to(edge, answer))
     }
-}
-
-/// Puts `req`'s path in its normal form ([`path`]), which routes,
-/// authorization and the app all see; Err is why it is refused (400).
-#[inline]
-fn normalize_path(req: &mut Request<Incoming>) -> Result<(), &'static str> {
-    let Some(normal) = path::normalize(req.uri().path())? else {
-        return Ok(());
-    };
-    let mut parts = std::mem::take(req.uri_mut()).into_parts();
-    let with_query = match parts.path_and_query.as_ref().and_then(|p| p.query()) {
-        Some(q) => format!("{normal}?{q}"),
-        None => normal,
-    };
-    parts.path_and_query = Some(
-        http::uri::PathAndQuery::try_from(with_query)
-            .map_err(|_| "the request path is not valid once normalized")?,
-    );
-    *req.uri_mut() =
-        http::Uri::from_parts(parts).map_err(|_| "the request URI is not valid once normalized")?;
-    Ok(())
 }
 
 /// The answer as it leaves: through the edge, for a gateway's clients.

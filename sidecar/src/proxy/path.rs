@@ -6,6 +6,27 @@
 //! stay encoded and `//` stays as it is (Istio's `DECODE_AND_MERGE_SLASHES`
 //! and `MERGE_SLASHES`, not its default); a path carrying `%00` is refused.
 
+/// Puts `req`'s path in its normal form, which routes, authorization and
+/// the app all see (its query as sent); Err is why it is refused (400).
+#[inline]
+pub(crate) fn normalize_request<B>(req: &mut http::Request<B>) -> Result<(), &'static str> {
+    let Some(normal) = normalize(req.uri().path())? else {
+        return Ok(());
+    };
+    let mut parts = std::mem::take(req.uri_mut()).into_parts();
+    let with_query = match parts.path_and_query.as_ref().and_then(|p| p.query()) {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    parts.path_and_query = Some(
+        http::uri::PathAndQuery::try_from(with_query)
+            .map_err(|_| "the request path is not valid once normalized")?,
+    );
+    *req.uri_mut() =
+        http::Uri::from_parts(parts).map_err(|_| "the request URI is not valid once normalized")?;
+    Ok(())
+}
+
 /// Why a path is refused (answered 400).
 pub(crate) const NUL: &str = "the request path carries %00";
 
@@ -133,6 +154,17 @@ mod tests {
         for p in ["/", "/api/v1/items", "/a.b/c.d", "//x", "/a%2Fb"] {
             assert_eq!(normalize(p), Ok(None), "{p}");
         }
+    }
+
+    #[test]
+    fn a_request_keeps_its_query_and_authority() {
+        let mut req = http::Request::get("http://web:80/a/../b%2e?x=/../y")
+            .body(())
+            .expect("req");
+        assert_eq!(normalize_request(&mut req), Ok(()));
+        assert_eq!(req.uri(), "http://web:80/b.?x=/../y");
+        let mut req = http::Request::get("/a%00").body(()).expect("req");
+        assert_eq!(normalize_request(&mut req), Err(NUL));
     }
 
     #[test]
