@@ -630,6 +630,15 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(names(&h), ["host", "x-keep"]);
+        // Every Connection field names hop-by-hop headers, not the first only.
+        let mut h = headers(&[
+            ("host", "backend"),
+            ("connection", "keep-alive"),
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["host"]);
     }
 
     #[test]

@@ -133,14 +133,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     if !headers.keys().any(hop) {
         return false;
     }
-    if let Some(conn) = headers.get(header::CONNECTION).cloned() {
-        if let Ok(list) = conn.to_str() {
-            for name in list.split(',') {
-                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
-                    headers.remove(n);
-                }
-            }
-        }
+    // Every `Connection` field counts, not only the first (found by the
+    // request_path fuzz target: a second one's names reached the app).
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
     }
     for h in &HOP_BY_HOP {
         headers.remove(h);
