@@ -639,6 +639,14 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(names(&h), ["host"]);
+        // A non-ASCII token in the list does not hide the names beside it.
+        let mut h = headers(&[("host", "backend"), ("x-secret", "1")]);
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-secret, ke\xc8p-alive").unwrap(),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["host"]);
     }
 
     #[test]
