@@ -4,8 +4,10 @@
 //! long-lived streams (discovery and load reports), idle nearly all the time.
 //!
 //! The services know nothing of this module: each is a tonic service
-//! ([`crate::discovery::server::Discovery`], [`crate::load::LoadReports`])
+//! ([`crate::discovery::server::Discovery`], [`crate::lrs::LoadReports`])
 //! that could be mounted on any tonic server.
+
+pub mod v3;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,8 +28,8 @@ use tonic::Status;
 use crate::ca::service::Auth;
 use crate::ca::streams::Authenticated;
 use crate::discovery::server::Discovery;
-use crate::load::LoadReports;
-use crate::xds_v3::server::{Ads, Lrs, Server};
+use crate::lrs::LoadReports;
+use v3::{Ads, Lrs, Server};
 
 /// The certificate service's paths.
 const CERTIFICATES_PATH: &str = "/minimesh.v1.CertificateService/";

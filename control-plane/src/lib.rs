@@ -16,6 +16,7 @@ pub mod fuzz;
 pub mod grpc;
 pub mod load;
 pub mod load_aware;
+pub mod lrs;
 pub mod metrics;
 pub mod source;
 pub mod store;
@@ -37,6 +38,7 @@ pub use args::{duration, Args};
 
 use crate::admin::{Admin, ConfigView};
 use crate::cache::Cache;
+use crate::load_aware::LoadAwareState;
 use crate::metrics::Metrics;
 use crate::source::files::FileSource;
 use crate::store::Store;
@@ -58,7 +60,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }));
     let proxies = Arc::new(discovery::registry::Registry::default());
     let aggregator = Arc::new(load::Aggregator::new(args.load_window));
-    load::metrics::LoadMetrics {
+    lrs::metrics::LoadMetrics {
         aggregator: aggregator.clone(),
         snapshots: cache.subscribe(),
     }
@@ -174,9 +176,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         election = Some((client.clone(), lease, campaign));
         // LOAD_AWARE, one truth: followers pass their reports to the
         // leader, which computes and publishes the weights they all use.
-        let (forward_tx, forward_rx) = tokio::sync::mpsc::channel(load::replicas::FORWARD_QUEUE);
+        let (forward_tx, forward_rx) = tokio::sync::mpsc::channel(lrs::replicas::FORWARD_QUEUE);
         forward = Some(forward_tx);
-        tokio::spawn(load::replicas::forward(
+        tokio::spawn(lrs::replicas::forward(
             forward_rx,
             args.identity.clone(),
             ca.as_ref().map(|ca| ca::setup::ToLeader {
@@ -186,7 +188,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_rx.clone(),
             leader_addr_rx,
         ));
-        tokio::spawn(load::replicas::publish_weights(
+        tokio::spawn(lrs::replicas::publish_weights(
             client.clone(),
             args.lease_namespace.clone(),
             args.load_aware_configmap.clone(),
@@ -194,7 +196,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             leader_rx.clone(),
             weights_rx.clone(),
         ));
-        tokio::spawn(load::replicas::follow_weights(
+        tokio::spawn(lrs::replicas::follow_weights(
             client.clone(),
             args.lease_namespace.clone(),
             args.load_aware_configmap.clone(),
@@ -263,7 +265,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding discovery address {}", args.xds_addr))?;
     info!(xds = %args.xds_addr, admin = %args.admin_addr, source = %args.source, "control plane serving");
 
-    let lrs = load::LoadReports {
+    let lrs = lrs::LoadReports {
         aggregator,
         la: la.clone(),
         reporters: metrics.load_reporters.clone(),
@@ -425,20 +427,6 @@ async fn debounce(
             .debounce_seconds
             .observe(first.elapsed().as_secs_f64());
     }
-}
-
-/// What the LOAD_AWARE loop needs from each publication.
-#[derive(Default)]
-pub struct LoadAwareState {
-    /// Weights in force.
-    pub weights: load_aware::Weights,
-    /// LOAD_AWARE clusters and their endpoint addresses.
-    pub clusters: RwLock<BTreeMap<String, Vec<String>>>,
-    /// Load-report interval sidecars are asked for, ms.
-    /// (A watch, so each load-report stream wakes only when it changes.)
-    pub report_interval_ms: watch::Sender<u64>,
-    /// The flag value.
-    pub default_interval_ms: u64,
 }
 
 fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &LoadAwareState) {

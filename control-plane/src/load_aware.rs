@@ -59,6 +59,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use tokio::sync::watch;
+
 use crate::load::Aggregator;
 
 /// Mean weight after normalisation.
@@ -72,6 +74,20 @@ pub const MIN_FRACTION: f64 = 0.01;
 
 /// Current weights: cluster -> endpoint address -> weight.
 pub type Weights = Arc<RwLock<BTreeMap<String, BTreeMap<String, u32>>>>;
+
+/// What the LOAD_AWARE loop needs from each publication.
+#[derive(Default)]
+pub struct LoadAwareState {
+    /// Weights in force.
+    pub weights: Weights,
+    /// LOAD_AWARE clusters and their endpoint addresses.
+    pub clusters: RwLock<BTreeMap<String, Vec<String>>>,
+    /// Load-report interval sidecars are asked for, ms.
+    /// (A watch, so each load-report stream wakes only when it changes.)
+    pub report_interval_ms: watch::Sender<u64>,
+    /// The flag value.
+    pub default_interval_ms: u64,
+}
 
 /// Seconds of reports the controller looks at: short, so that it sees the
 /// effect of its last step, long enough to hold a few reports.

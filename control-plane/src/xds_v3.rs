@@ -7,19 +7,16 @@
 //! resources as Envoy's (a pure step, run when the cache publishes). The
 //! cache holds both encodings; the discovery streams, their push decisions,
 //! ACK and NACK bookkeeping and `/debug/proxies` are the same code for
-//! both ([`ads`] only converts the envelope), and load reports from either
-//! go to the one aggregator ([`lrs`]).
+//! both ([`crate::discovery::v3`] only converts the envelope), and load reports from either
+//! go to the one aggregator ([`crate::lrs::v3`]).
 //!
 //! The mapping, policy by policy, is in the README's rule reference
 //! ("Envoy and proxyless gRPC"); [`clusters`] states why each choice.
 
-pub mod ads;
 pub mod clusters;
 pub mod endpoints;
 pub mod http_routes;
-pub mod lrs;
 pub mod routes;
-pub mod server;
 pub mod wire;
 
 use std::collections::BTreeMap;

@@ -80,7 +80,7 @@ impl Discovery {
     }
 
     /// A state-of-the-world stream serving Envoy's resources (xDS v3); its
-    /// envelopes are converted by the caller ([`crate::xds_v3::ads`]).
+    /// envelopes are converted by the caller ([`super::v3`]).
     pub(crate) fn sotw_v3<I>(&self, inbound: I) -> BoxStream<DiscoveryResponse>
     where
         I: Stream<Item = Result<DiscoveryRequest, Status>> + Send + Unpin + 'static,

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::load_stats::v3::LoadStatsRequest;
 use minimesh_proto::prost::Message;
 
 use crate::load::Aggregator;
-use crate::xds_v3::lrs::report;
+use crate::lrs::v3::report;
 
 /// Checks one input; panics on a violated property.
 pub fn check(data: &[u8]) {

@@ -44,7 +44,7 @@ pub struct LeaseConfig {
     /// A leader that has not renewed for this long steps down.
     pub renew_deadline: Duration,
     /// Where the other replicas reach this one's load-report service, set
-    /// on the Lease while this replica holds it (see `load::replicas`).
+    /// on the Lease while this replica holds it (see `lrs::replicas`).
     pub advertise: Option<String>,
 }
 

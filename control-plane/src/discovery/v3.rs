@@ -11,10 +11,10 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use futures_util::{Stream, StreamExt};
 use tonic::Status;
 
-use super::wire;
+use super::server::Discovery;
+use super::session::BoxStream;
 use crate::ca::streams::{check, Authenticated};
-use crate::discovery::server::Discovery;
-use crate::discovery::session::BoxStream;
+use crate::xds_v3::wire;
 
 /// A state-of-the-world stream answering the requests of `inbound`.
 /// The caller (with a CA) may speak only for its namespace.

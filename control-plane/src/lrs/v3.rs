@@ -26,9 +26,9 @@ use futures_util::{Stream, StreamExt};
 use minimesh_proto::v1;
 use tonic::Status;
 
-use super::{millis, to_millis, wire};
+use super::LoadReports;
 use crate::discovery::session::BoxStream;
-use crate::load::LoadReports;
+use crate::xds_v3::{millis, to_millis, wire};
 
 /// A load-report stream reading the reports of `inbound`. Mounted on the
 /// discovery port by [`super::server`].

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
-use crate::LoadAwareState;
+use crate::load_aware::LoadAwareState;
 
 /// Reports waiting to be passed on; beyond, they are dropped (and counted):
 /// the leader unreachable must not make a follower hold reports without

@@ -24,12 +24,13 @@ use tonic::codegen::Service;
 use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{ads, lrs};
+use super::MAX_MESSAGE_BYTES;
 use crate::ca::streams::Authenticated;
 use crate::discovery::server::Discovery;
 use crate::discovery::session::BoxStream;
-use crate::grpc::MAX_MESSAGE_BYTES;
-use crate::load::LoadReports;
+use crate::discovery::v3 as ads;
+use crate::lrs::v3 as lrs;
+use crate::lrs::LoadReports;
 
 /// A call's HTTP response, to come.
 pub type HttpFuture =
