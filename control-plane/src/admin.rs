@@ -68,8 +68,7 @@ pub struct Admin {
     /// What each Kubernetes rule's status should say (read by the status writer).
     pub status: watch::Sender<Arc<crate::source::kubernetes::status::DesiredStatus>>,
     /// What each HTTPRoute's status should say (read by its status writer).
-    pub route_status:
-        watch::Sender<Arc<crate::source::kubernetes::route_status::DesiredRouteStatus>>,
+    pub route_status: watch::Sender<Arc<crate::config::status::DesiredRouteStatus>>,
     /// Serve `/debug/*` to every caller, not only loopback ones
     /// (`--admin-debug`; see [`minimesh_proto::admin`]).
     pub debug_for_all: bool,

@@ -14,6 +14,7 @@ use rcgen::{
 };
 
 pub mod auth;
+pub mod metrics;
 pub mod service;
 pub mod setup;
 pub mod streams;

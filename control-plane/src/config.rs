@@ -11,6 +11,7 @@ pub mod parse;
 pub mod route;
 pub mod rule;
 pub mod security;
+pub mod status;
 pub mod virtual_service;
 
 pub use parse::{parse_documents, ConfigError, Object};

@@ -2,6 +2,7 @@
 //! registry of connected proxies behind the proxy-status view; [`v3`]
 //! serves the same streams in Envoy's envelopes.
 
+pub mod metrics;
 pub mod registry;
 pub mod server;
 pub(crate) mod session;

@@ -17,21 +17,18 @@ pub mod grpc;
 pub mod load;
 pub mod load_aware;
 pub mod lrs;
-pub mod metrics;
+pub mod publish;
 pub mod source;
 pub mod store;
 pub mod translate;
 pub mod webhook;
 pub mod xds_v3;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::json;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing::{info, warn};
 
 pub use args::{duration, Args};
@@ -39,7 +36,6 @@ pub use args::{duration, Args};
 use crate::admin::{Admin, ConfigView};
 use crate::cache::Cache;
 use crate::load_aware::LoadAwareState;
-use crate::metrics::Metrics;
 use crate::source::files::FileSource;
 use crate::store::Store;
 
@@ -54,7 +50,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(Metrics::new(&mut registry));
+    // Each module's metrics, on the one registry (names prefixed `minimesh_`).
+    let mesh = registry.sub_registry_with_prefix("minimesh");
+    let discovery_metrics = Arc::new(discovery::metrics::Metrics::new(mesh));
+    let ca_metrics = ca::metrics::Metrics::new(mesh);
+    let admission_reviews = webhook::metrics::reviews(mesh);
+    let load_reporters = lrs::reporters(mesh);
+    let publish_metrics = Arc::new(publish::Metrics::new(mesh));
     let cache = Arc::new(Cache::new(xds_v3::Options {
         exact_policies: args.xds_v3_exact_policies,
     }));
@@ -82,6 +84,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         default_interval_ms: args.load_report_interval.as_millis() as u64,
         ..Default::default()
     });
+    let publisher = publish::Publisher {
+        cache: cache.clone(),
+        admin: admin.clone(),
+        metrics: publish_metrics,
+        la: la.clone(),
+    };
     // Admin first: liveness answers while the source syncs, readiness once it has.
     let admin_listener = admin::bind(args.admin_addr)
         .await
@@ -105,7 +113,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if ca.is_some() {
             auth = Some(
                 args.ca
-                    .auth(Some(&client), &args.lease_namespace, &metrics)?,
+                    .auth(Some(&client), &args.lease_namespace, &ca_metrics)?,
             );
         }
         // The webhooks first: once this replica is ready, the API server
@@ -120,7 +128,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 trust_domain: ca.trust_domain.clone(),
                 audience: args.ca.token_audience.clone(),
             }),
-            metrics.admission_reviews.clone(),
+            admission_reviews.clone(),
         )
         .await?;
         let (tx, mut rx) = watch::channel(Store::default());
@@ -140,7 +148,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .await
             .context("Kubernetes source stopped before it synced")?;
         let initial = rx.borrow_and_update().clone();
-        publish(&initial, &cache, &admin, &metrics, &la);
+        publisher.publish(&initial);
         let (leader_tx, leader_rx) = watch::channel(false);
         let (leader_addr_tx, leader_addr_rx) = watch::channel(None);
         let advertise = args.advertise_addr.clone().or_else(|| {
@@ -220,7 +228,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         ca = args.ca.load(None, &args.lease_namespace).await?;
         if ca.is_some() {
-            auth = Some(args.ca.auth(None, &args.lease_namespace, &metrics)?);
+            auth = Some(args.ca.auth(None, &args.lease_namespace, &ca_metrics)?);
         }
         webhook::start(
             &args.webhook,
@@ -228,7 +236,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.identity,
             &args.lease_namespace,
             None,
-            metrics.admission_reviews.clone(),
+            admission_reviews.clone(),
         )
         .await?;
         let mut source = FileSource::new(&args.config_dir, &args.default_namespace);
@@ -237,23 +245,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         source.scan();
         let initial = source.store();
-        publish(&initial, &cache, &admin, &metrics, &la);
+        publisher.publish(&initial);
         let (store_tx, store_rx) = watch::channel(initial);
         tokio::spawn(source.run(args.poll_interval, store_tx));
         store_rx
     };
 
-    tokio::spawn(debounce(
-        store_rx,
-        weights_rx,
-        args.debounce,
-        args.debounce_max,
-        cache.clone(),
-        admin.clone(),
-        metrics.clone(),
-        la.clone(),
-    ));
-    tokio::spawn(load_aware_loop(
+    tokio::spawn(publisher.debounce(store_rx, weights_rx, args.debounce, args.debounce_max));
+    tokio::spawn(load_aware::run(
         aggregator.clone(),
         la.clone(),
         computes,
@@ -268,14 +267,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let lrs = lrs::LoadReports {
         aggregator,
         la: la.clone(),
-        reporters: metrics.load_reporters.clone(),
+        reporters: load_reporters,
         forward,
         published: cache.subscribe(),
     };
-    let discovery = discovery::server::Discovery::new(cache.subscribe(), proxies, metrics.clone());
+    let discovery =
+        discovery::server::Discovery::new(cache.subscribe(), proxies, discovery_metrics);
     let (certificates, tls) = match (ca, auth) {
         (Some(ca), Some(auth)) => {
-            let (c, tls) = ca::service::Certificates::serve(ca, auth, &metrics, args.xds_addr)?;
+            let (c, tls) = ca::service::Certificates::serve(ca, auth, &ca_metrics, args.xds_addr)?;
             (Some(c), Some(tls))
         }
         _ => (None, None),
@@ -346,208 +346,4 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
         }
         let _ = ctrl_c.await;
     }
-}
-
-/// Every second, steps the LOAD_AWARE controller of every cluster from its
-/// published weights (those the sidecars balance with) and publishes the
-/// step when it moves a weight past the dead band ([`load_aware::moved`]).
-/// Only while `computes`: on Kubernetes, the leader's weights are everyone's.
-async fn load_aware_loop(
-    agg: Arc<load::Aggregator>,
-    la: Arc<LoadAwareState>,
-    computes: watch::Receiver<bool>,
-    tx: watch::Sender<u64>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        // A follower takes the leader's weights (load::replicas).
-        if !*computes.borrow() {
-            continue;
-        }
-        let clusters = la
-            .clusters
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut changed = false;
-        {
-            let mut weights = la.weights.write().unwrap_or_else(|e| e.into_inner());
-            weights.retain(|c, _| clusters.contains_key(c));
-            for (cluster, eps) in &clusters {
-                let next = load_aware::next_weights(&agg, cluster, eps, weights.get(cluster));
-                if load_aware::moved(weights.get(cluster), &next) {
-                    info!(cluster, weights = ?next, "LOAD_AWARE weights");
-                    weights.insert(cluster.clone(), next);
-                    changed = true;
-                }
-            }
-        }
-        if changed {
-            tx.send_modify(|v| *v += 1);
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn debounce(
-    mut rx: watch::Receiver<Store>,
-    mut weights_rx: watch::Receiver<u64>,
-    quiet: Duration,
-    max: Duration,
-    cache: Arc<Cache>,
-    admin: Arc<Admin>,
-    metrics: Arc<Metrics>,
-    la: Arc<LoadAwareState>,
-) {
-    loop {
-        tokio::select! {
-            changed = rx.changed() => if changed.is_err() { return },
-            changed = weights_rx.changed() => {
-                if changed.is_err() { return }
-                // New weights: publish now; they are already rate-limited.
-                let store = rx.borrow().clone();
-                publish(&store, &cache, &admin, &metrics, &la);
-                continue;
-            }
-        }
-        let first = Instant::now();
-        let mut last = first;
-        loop {
-            let deadline = (last + quiet).min(first + max);
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => last = Instant::now(),
-                Ok(Err(_)) => return,
-                Err(_) => break,
-            }
-        }
-        let store = rx.borrow_and_update().clone();
-        publish(&store, &cache, &admin, &metrics, &la);
-        metrics
-            .debounce_seconds
-            .observe(first.elapsed().as_secs_f64());
-    }
-}
-
-fn publish(store: &Store, cache: &Cache, admin: &Admin, metrics: &Metrics, la: &LoadAwareState) {
-    let weights = la.weights.read().unwrap_or_else(|e| e.into_inner()).clone();
-    let (resources, status) = translate::translate(store, &weights);
-    // A namespace's own rule may make a cluster LOAD_AWARE for its callers.
-    let aware: BTreeMap<String, Vec<String>> = std::iter::once(&resources)
-        .chain(resources.scoped.values())
-        .flat_map(|r| {
-            r.clusters
-                .iter()
-                .filter(|(_, c)| c.policy == minimesh_proto::v1::LbPolicy::LoadAware as i32)
-                .map(move |(name, _)| {
-                    let eps = r
-                        .endpoints
-                        .get(name)
-                        .map(|c| c.endpoints.iter().map(|e| e.address.clone()).collect())
-                        .unwrap_or_default();
-                    (name.clone(), eps)
-                })
-        })
-        .collect();
-    // LOAD_AWARE wants fresh reports: one a second.
-    let interval = if aware.is_empty() {
-        la.default_interval_ms
-    } else {
-        la.default_interval_ms.min(1000)
-    };
-    la.report_interval_ms.send_if_modified(|v| {
-        let changed = *v != interval;
-        *v = interval;
-        changed
-    });
-    *la.clusters.write().unwrap_or_else(|e| e.into_inner()) = aware;
-    let changed = cache.update(&resources);
-    if changed {
-        metrics.config_updates.inc();
-    }
-    metrics.config_errors.set(store.errors.len() as i64);
-    for (key, st) in &status {
-        if !st.accepted {
-            warn!(rule = %key, reason = st.reason, "{}", st.message);
-        }
-    }
-    admin
-        .status
-        .send_replace(Arc::new(source::kubernetes::status::desired(
-            store, &status,
-        )));
-    admin.route_status.send_if_modified(|current| {
-        let next = translate::http_route_desired_status(store);
-        let changed = **current != next;
-        if changed {
-            *current = Arc::new(next);
-        }
-        changed
-    });
-    let rules = store
-        .rules
-        .iter()
-        .map(|(key, (rule, origin))| {
-            let st = status.get(key);
-            json!({
-                "namespace": key.namespace,
-                "name": key.name,
-                "file": origin,
-                "host": rule.rule.spec.host,
-                "policy": rule.resolved.policy.as_str(),
-                "portPolicies": rule
-                    .resolved
-                    .ports
-                    .iter()
-                    .map(|(port, r)| (port.to_string(), r.policy.as_str()))
-                    .collect::<BTreeMap<_, _>>(),
-                "accepted": st.is_none_or(|s| s.accepted),
-                "reason": st.map_or("Accepted", |s| s.reason.as_str()),
-                "message": st.map_or("", |s| s.message.as_str()),
-                "clusters": st.map(|s| s.clusters.clone()).unwrap_or_default(),
-                "warnings": rule.warnings,
-            })
-        })
-        .collect();
-    let peer_authentications = config::security::view(&store.peer_auth);
-    admin.set_config(ConfigView {
-        rules,
-        rule_scope: translate::rule_scope(store),
-        peer_authentications,
-        virtual_services: store
-            .virtual_services
-            .iter()
-            .map(|(k, (v, _))| {
-                let mut view = config::virtual_service::view(&k.namespace, &k.name, v);
-                view["warnings"] = translate::route_warnings(store, k, v).into();
-                view
-            })
-            .collect(),
-        gateways: store
-            .gateways
-            .iter()
-            .map(|(k, g)| config::gateway::view(&k.namespace, &k.name, g))
-            .collect(),
-        http_routes: store
-            .http_routes
-            .iter()
-            .map(|(k, r)| translate::http_route_status(store, k, r))
-            .collect(),
-        authorization_policies: store
-            .authorizations
-            .iter()
-            .map(|(k, a)| config::authorization::view(k, a))
-            .collect(),
-        errors: store.errors.clone(),
-        warnings: store.warnings.clone(),
-        synced: true,
-    });
-    info!(
-        changed,
-        clusters = resources.clusters.len(),
-        routes = resources.routes.len(),
-        rules = store.rules.len(),
-        errors = store.errors.len(),
-        "config translated"
-    );
 }

@@ -58,8 +58,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::info;
 
 use crate::load::Aggregator;
 
@@ -182,6 +184,47 @@ pub fn next_weights(
             )
         })
         .collect()
+}
+
+/// Every second, steps the LOAD_AWARE controller of every cluster from its
+/// published weights (those the sidecars balance with) and publishes the
+/// step when it moves a weight past the dead band ([`moved`]).
+/// Only while `computes`: on Kubernetes, the leader's weights are everyone's.
+pub async fn run(
+    agg: Arc<Aggregator>,
+    la: Arc<LoadAwareState>,
+    computes: watch::Receiver<bool>,
+    tx: watch::Sender<u64>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        // A follower takes the leader's weights (load::replicas).
+        if !*computes.borrow() {
+            continue;
+        }
+        let clusters = la
+            .clusters
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut changed = false;
+        {
+            let mut weights = la.weights.write().unwrap_or_else(|e| e.into_inner());
+            weights.retain(|c, _| clusters.contains_key(c));
+            for (cluster, eps) in &clusters {
+                let next = next_weights(&agg, cluster, eps, weights.get(cluster));
+                if moved(weights.get(cluster), &next) {
+                    info!(cluster, weights = ?next, "LOAD_AWARE weights");
+                    weights.insert(cluster.clone(), next);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            tx.send_modify(|v| *v += 1);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,12 +13,25 @@ use std::sync::Arc;
 
 use minimesh_proto::v1::load_reporting_service_server::LoadReportingService;
 use minimesh_proto::v1::{LoadStatsRequest, LoadStatsResponse};
+use prometheus_client::metrics::gauge::Gauge;
 use tonic::Status;
 use tracing::{debug, warn};
 
 use crate::discovery::session::{drive, BoxStream, Session};
 use crate::load::Aggregator;
 use crate::load_aware::LoadAwareState;
+
+/// The gauge of connected reporters (streams whose proxy has named itself),
+/// registered on `registry` (the control plane's, prefixed `minimesh_`).
+pub fn reporters(registry: &mut prometheus_client::registry::Registry) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(
+        "load_reporters_connected",
+        "Connected load-report streams (proxies reporting load)",
+        gauge.clone(),
+    );
+    gauge
+}
 
 /// The load-report service.
 #[derive(Clone)]
@@ -28,7 +41,7 @@ pub struct LoadReports {
     /// Holds the interval the control plane asks for.
     pub la: Arc<LoadAwareState>,
     /// Connected reporters (`minimesh_load_reporters_connected`).
-    pub reporters: prometheus_client::metrics::gauge::Gauge,
+    pub reporters: Gauge,
     /// On Kubernetes: every report is also passed here, for the leader
     /// ([`replicas::forward`]).
     pub forward: Option<tokio::sync::mpsc::Sender<LoadStatsRequest>>,
@@ -106,7 +119,7 @@ struct LoadSession {
     sent_interval: u64,
     /// Counts this stream from its first report (which names the node) to
     /// its end.
-    reporters: prometheus_client::metrics::gauge::Gauge,
+    reporters: Gauge,
 }
 
 impl LoadSession {

@@ -8,12 +8,12 @@ use minimesh_proto::v1::{
     self, hash_key, Cluster, ClusterLoadAssignment, Endpoint, HashKey, HealthStatus, LbPolicy,
     PortCluster, PortProtocol, Route, UpstreamProtocol,
 };
-use serde::Serialize;
 
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
 use crate::config::parse::ObjectKey;
 use crate::config::rule::{self, Policy};
 use crate::config::security::ROOT_NAMESPACE;
+pub use crate::config::status::RuleStatus;
 use crate::store::Store;
 
 mod gateway_api;
@@ -87,23 +87,21 @@ pub fn service_of(resource: &str) -> Option<&str> {
     (host.split('.').count() == 2).then_some(host)
 }
 
-/// Whether a rule is in force, and why not.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RuleStatus {
-    /// True when the rule is valid and applied.
-    pub accepted: bool,
-    /// Short machine-readable reason (`Accepted`, `Invalid`, `Conflict`, `NoService`).
-    pub reason: String,
-    /// Human-readable detail.
-    pub message: String,
-    /// The resolved policy.
-    pub policy: Option<&'static str>,
-    /// Clusters the rule applies to.
-    pub clusters: Vec<String>,
-    /// What the rule's status should warn of besides its fields: Istio
-    /// rules for the same service that it overrides.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
+/// What a rule's status says of a policy that standard clients (Envoy,
+/// proxyless gRPC) do not all implement as named: the mapping
+/// [`crate::xds_v3::clusters`] encodes (its table), said here, below the
+/// encodings, because translation writes the rule's status.
+pub fn standard_clients_note(policy: minimesh_proto::Policy) -> Option<&'static str> {
+    use minimesh_proto::Policy;
+    match policy {
+        Policy::PeakEwma => Some(
+            "xDS v3 clients (Envoy, proxyless gRPC) have no PEAK_EWMA: they are sent LEAST_REQUEST, the nearest standard policy (gRPC's C core, which lacks it, balances round robin)",
+        ),
+        Policy::LeastRequest => None,
+        Policy::Random => Some("proxyless gRPC has no RANDOM: gRPC clients balance this service round robin (Envoy: RANDOM)"),
+        Policy::Maglev => Some("proxyless gRPC has no MAGLEV: gRPC clients use a ring hash on the same hash key (Envoy: MAGLEV)"),
+        _ => None,
+    }
 }
 
 /// The name of the cluster for one service port.
@@ -384,7 +382,7 @@ fn build(
                     .or_insert_with(|| RuleStatus {
                         accepted: true,
                         reason: "Accepted".into(),
-                        message: crate::xds_v3::clusters::standard_clients_note(vr.resolved.policy)
+                        message: standard_clients_note(vr.resolved.policy)
                             .unwrap_or_default()
                             .to_string(),
                         policy: Some(vr.resolved.policy.as_str()),

@@ -8,6 +8,7 @@
 
 pub mod certs;
 pub mod inject;
+pub mod metrics;
 pub mod review;
 pub mod server;
 
@@ -19,7 +20,7 @@ use anyhow::Context;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::metrics::VerdictLabel;
+use metrics::VerdictLabel;
 
 /// Flags of the admission webhook.
 #[derive(Debug, Clone, clap::Args)]

@@ -43,16 +43,50 @@ pub fn dependencies(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         }
         let names = deps.entry(top.clone()).or_default();
         for part in code.split("crate::").skip(1) {
-            let name: String = part
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() && name != top {
-                names.insert(name);
+            for name in first_names(part) {
+                if name != top {
+                    names.insert(name);
+                }
             }
         }
     }
     deps
+}
+
+/// The names a path after `crate::` starts with: one (`crate::a::b`), or
+/// each of a group's (`crate::{a, b::c}`), without the groups nested in them.
+fn first_names(path: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = path.strip_prefix('{') else {
+        return vec![ident(path)]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect();
+    };
+    let mut names = Vec::new();
+    let (mut depth, mut item_start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                names.push(ident(&group[item_start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                names.push(ident(&group[item_start..i]));
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    names.retain(|n| !n.is_empty() && n != "self");
+    names
 }
 
 /// Every `.rs` file under `dir`.

@@ -12,8 +12,8 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::auth::{self, Authenticator, Refused};
+use super::metrics::AuthLabel;
 use super::{Ca, Identity};
-use crate::metrics::AuthLabel;
 
 /// Checks workloads' credentials, logging and counting every refusal.
 pub struct Auth {
@@ -139,7 +139,7 @@ impl Certificates {
     pub fn serve(
         ca: Ca,
         auth: Auth,
-        metrics: &crate::metrics::Metrics,
+        metrics: &super::metrics::Metrics,
         xds: std::net::SocketAddr,
     ) -> anyhow::Result<(Certificates, tonic::transport::ServerTlsConfig)> {
         let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "minimesh-system".into());

@@ -37,7 +37,7 @@ pub struct CaArgs {
     #[arg(long, env = "MINIMESH_TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
     /// How long a workload certificate lasts; sidecars renew at half of it.
-    #[arg(long, env = "MINIMESH_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = crate::args::duration)]
+    #[arg(long, env = "MINIMESH_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = crate::config::rule::parse_duration)]
     pub workload_cert_ttl: Duration,
     /// A YAML file of workload tokens (`tokens: [{token, namespace,
     /// serviceAccount}]`, as `minimesh up` writes one per pod): calls must
@@ -127,7 +127,7 @@ impl CaArgs {
         &self,
         client: Option<&kube::Client>,
         namespace: &str,
-        metrics: &crate::metrics::Metrics,
+        metrics: &super::metrics::Metrics,
     ) -> anyhow::Result<Auth> {
         let authenticator = match (&self.workload_tokens, client) {
             (Some(path), _) => Authenticator::Tokens(Tokens::load(path)?),

@@ -19,8 +19,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use super::auth::Refused;
+use super::metrics::ReviewLabel;
 use super::Identity;
-use crate::metrics::ReviewLabel;
 
 /// How long an accepted token is taken without asking again. Short against
 /// a bound token's life (an hour): a deleted pod's token stops working

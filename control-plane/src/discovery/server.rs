@@ -22,10 +22,10 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use super::metrics::Metrics;
 use super::registry::{now_ms, Nack, Registry, StreamHandle, TypeMap};
 use super::session::{drive, BoxStream, Session};
 use crate::cache::{fnv, Snapshot, TypeSnapshot};
-use crate::metrics::Metrics;
 
 /// The discovery service.
 #[derive(Clone)]

@@ -17,11 +17,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Status;
 
+use super::metrics::Metrics;
 use super::registry::Registry;
 use super::server::Discovery;
 use super::session::BoxStream;
 use crate::cache::Cache;
-use crate::metrics::Metrics;
 use crate::translate::Resources;
 
 /// Clusters `names`, each with `policy`.

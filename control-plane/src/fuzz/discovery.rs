@@ -27,9 +27,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 
 use crate::cache::Cache;
+use crate::discovery::metrics::Metrics;
 use crate::discovery::registry::Registry;
 use crate::discovery::server::Discovery;
-use crate::metrics::Metrics;
 use crate::translate::Resources;
 use crate::xds_v3::wire;
 

@@ -27,8 +27,8 @@ use tracing::{debug, info, warn};
 
 use super::certs::Tls;
 use super::inject::{self, Template};
+use super::metrics::VerdictLabel;
 use super::review::{review, Verdict};
-use crate::metrics::VerdictLabel;
 
 /// The most an AdmissionReview may weigh.
 const MAX_BODY: usize = 4 << 20;

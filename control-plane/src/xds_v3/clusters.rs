@@ -98,21 +98,6 @@ pub fn cluster(c: &v1::Cluster, cla: Option<&v1::ClusterLoadAssignment>, exact: 
     }
 }
 
-/// What a rule's status says of a policy that standard clients (Envoy,
-/// proxyless gRPC) do not all implement as named (see the module's table).
-pub fn standard_clients_note(policy: minimesh_proto::Policy) -> Option<&'static str> {
-    use minimesh_proto::Policy;
-    match policy {
-        Policy::PeakEwma => Some(
-            "xDS v3 clients (Envoy, proxyless gRPC) have no PEAK_EWMA: they are sent LEAST_REQUEST, the nearest standard policy (gRPC's C core, which lacks it, balances round robin)",
-        ),
-        Policy::LeastRequest => None,
-        Policy::Random => Some("proxyless gRPC has no RANDOM: gRPC clients balance this service round robin (Envoy: RANDOM)"),
-        Policy::Maglev => Some("proxyless gRPC has no MAGLEV: gRPC clients use a ring hash on the same hash key (Envoy: MAGLEV)"),
-        _ => None,
-    }
-}
-
 /// Resources found on the ADS stream the client is on.
 pub(crate) fn ads() -> ConfigSource {
     ConfigSource {

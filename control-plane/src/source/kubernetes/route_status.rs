@@ -21,24 +21,10 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::config::parse::{ObjectKey, K8S_GATEWAY_KIND};
+use crate::config::status::{DesiredRouteStatus, Wanted};
 
 /// The controller name minimesh writes its entries under.
 pub const CONTROLLER: &str = "minimesh.io/gateway-controller";
-
-/// What one object's status should say.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Wanted {
-    /// An HTTPRoute's `status.parents` entries for minimesh's parents, each
-    /// `{parentRef, conditions}` with conditions of `{type, status, reason,
-    /// message}`.
-    Parents(Vec<Value>),
-    /// A Gateway's `status`: `{conditions, listeners: [{name,
-    /// supportedKinds, attachedRoutes, conditions}]}`.
-    Gateway(Value),
-}
-
-/// What each HTTPRoute's and Gateway's status should say.
-pub type DesiredRouteStatus = BTreeMap<ObjectKey, Wanted>;
 
 fn resource(kind: &str) -> ApiResource {
     let (kind, plural) = match kind {

@@ -20,8 +20,8 @@ use tracing::{debug, warn};
 
 use crate::config::crd::{Condition, LastGood, RuleStatusResource};
 use crate::config::parse::ObjectKey;
+use crate::config::status::RuleStatus;
 use crate::store::Store;
-use crate::translate::RuleStatus;
 
 /// What one rule's status should say.
 #[derive(Clone, Debug, PartialEq)]

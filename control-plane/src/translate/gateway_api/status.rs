@@ -10,7 +10,7 @@ use super::{hosts_at, listeners_of};
 use crate::config::gateway_api::{Parent, ValidGateway, ValidHttpRoute, GATEWAY_NAME_LABEL};
 use crate::config::parse::{ObjectKey, K8S_GATEWAY_KIND};
 use crate::config::route::RouteAction;
-use crate::source::kubernetes::route_status::{DesiredRouteStatus, Wanted};
+use crate::config::status::{DesiredRouteStatus, Wanted};
 use crate::store::Store;
 
 fn condition(kind: &str, ok: bool, reason: &str, message: String) -> Value {
