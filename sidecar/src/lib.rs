@@ -77,10 +77,112 @@ async fn sweep_pools_forever(routing: Arc<ArcSwap<Routing>>) {
 
 /// Runs the sidecar until SIGINT or SIGTERM, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let running = start(args).await?;
+    shutdown_signal().await;
+    info!("shutting down: draining requests in flight");
+    running.stop().await;
+    info!("sidecar stopped");
+    Ok(())
+}
+
+/// A started sidecar: its listeners and the tasks that feed them.
+pub struct Running {
+    stop: watch::Sender<bool>,
+    /// The listeners, each ending after its drain once told to stop.
+    servers: Vec<tokio::task::JoinHandle<()>>,
+    /// Discovery, load reports, certificate renewal, the pools' sweeper.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, drains the requests in flight (`--drain` at most),
+    /// then ends discovery, load reports and renewal.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// What the listeners, the admin server and the discovery client share.
+struct Shared {
+    node: Node,
+    routing: Arc<ArcSwap<Routing>>,
+    ready: Arc<AtomicBool>,
+    /// The AuthorizationPolicies the inbound listeners enforce, replaced by
+    /// the discovery client.
+    authz: Arc<authz::Shared>,
+    pool_defaults: pool::PoolSettings,
+    head_limits: proxy::HeadLimits,
+    loops: usize,
+}
+
+/// Starts the sidecar: the admin server, the listeners, and the discovery,
+/// load-report and certificate clients.
+pub async fn start(args: Args) -> anyhow::Result<Running> {
+    check_flags(&args)?;
     clock::start();
     let loops = event_loops(&args);
     pool::set_event_loops(loops);
-    let node = Node {
+    let shared = Shared {
+        node: node(&args),
+        routing: Arc::new(ArcSwap::from_pointee(Routing::default())),
+        ready: Arc::new(AtomicBool::new(false)),
+        authz: match args.inbound_before_config.as_str() {
+            "allow" => authz::Shared::allowing_until_config(),
+            _ => authz::Shared::new(),
+        },
+        pool_defaults: pool::PoolSettings {
+            connect_timeout: args.connect_timeout,
+            idle_timeout: pool::DEFAULT_IDLE_TIMEOUT,
+            max_requests_per_connection: 0,
+            max_connection_ms: 0,
+            max_streams: 0,
+        },
+        head_limits: proxy::HeadLimits {
+            bytes: args.max_request_headers_kb as usize * 1024,
+            count: args.max_request_headers as usize,
+        },
+        loops,
+    };
+    let listeners = Listeners::new(&args, loops);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let capture_metrics = listener::captured::CaptureMetrics::register(&mut registry);
+    serve_admin(&args, &shared, &listeners, registry).await?;
+    let (stop, stop_rx) = watch::channel(false);
+    let servers = serve_listeners(&args, &shared, listeners, capture_metrics, &stop_rx)?;
+    let mut tasks = vec![tokio::spawn(sweep_pools_forever(shared.routing.clone()))];
+    tasks.extend(start_control_plane_clients(&args, shared)?);
+    info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, capture = args.capture, inbound_capture = ?args.inbound_capture, admin = %args.admin, xds = args.xds_addr, "sidecar started");
+    Ok(Running {
+        stop,
+        servers,
+        tasks,
+    })
+}
+
+/// Refuses flags that would do nothing in this mode.
+fn check_flags(args: &Args) -> anyhow::Result<()> {
+    if args.debug_headers && args.mode != "gateway" {
+        anyhow::bail!(
+            "--debug-headers applies to --mode gateway only (a sidecar's app always sees the mesh headers)"
+        );
+    }
+    if args.capture && args.mode == "gateway" {
+        anyhow::bail!(
+            "--capture is for sidecars: a gateway takes outside traffic on its own address"
+        );
+    }
+    Ok(())
+}
+
+/// Who this proxy is to the control plane.
+fn node(args: &Args) -> Node {
+    Node {
         id: args
             .node_id
             .clone()
@@ -91,85 +193,95 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         zone: args.zone.clone(),
         // The discovery client keeps what an endpoints response leaves out.
         client_features: vec![minimesh_proto::PARTIAL_ENDPOINTS.to_string()],
-    };
-    let routing = Arc::new(ArcSwap::from_pointee(Routing::default()));
-    let ready = Arc::new(AtomicBool::new(false));
-    let pool_defaults = pool::PoolSettings {
-        connect_timeout: args.connect_timeout,
-        idle_timeout: pool::DEFAULT_IDLE_TIMEOUT,
-        max_requests_per_connection: 0,
-        max_connection_ms: 0,
-        max_streams: 0,
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    if args.debug_headers && args.mode != "gateway" {
-        anyhow::bail!(
-            "--debug-headers applies to --mode gateway only (a sidecar's app always sees the mesh headers)"
-        );
     }
-    let head_limits = proxy::HeadLimits {
-        bytes: args.max_request_headers_kb as usize * 1024,
-        count: args.max_request_headers as usize,
-    };
+}
 
-    let name = if args.mode == "gateway" {
-        "gateway"
-    } else {
-        "outbound"
-    };
-    let max = args.max_connections as usize;
-    let out_loops = listener::Loops::with_max(loops, max);
-    let in_loops = listener::Loops::with_max(loops, max);
-    let capture_loops = listener::Loops::with_max(loops, max);
-    let mut listeners = vec![(name, out_loops.clone())];
-    if args.inbound.is_some() && args.app.is_some() {
-        listeners.push(("inbound", in_loops.clone()));
+/// Each listener's event loops (and connection limit), named as the
+/// metrics name them.
+struct Listeners {
+    /// `outbound`, or `gateway` in gateway mode.
+    name: &'static str,
+    outbound: Arc<listener::Loops>,
+    inbound: Arc<listener::Loops>,
+    capture: Arc<listener::Loops>,
+}
+
+impl Listeners {
+    fn new(args: &Args, loops: usize) -> Listeners {
+        let max = args.max_connections as usize;
+        Listeners {
+            name: if args.mode == "gateway" {
+                "gateway"
+            } else {
+                "outbound"
+            },
+            outbound: listener::Loops::with_max(loops, max),
+            inbound: listener::Loops::with_max(loops, max),
+            capture: listener::Loops::with_max(loops, max),
+        }
     }
-    if args.inbound_capture.is_some() {
-        listeners.push(("inbound-capture", capture_loops.clone()));
+
+    /// The listeners `args` starts, for the metrics.
+    fn serving(&self, args: &Args) -> Vec<(&'static str, Arc<listener::Loops>)> {
+        let mut listeners = vec![(self.name, self.outbound.clone())];
+        if args.inbound.is_some() && args.app.is_some() {
+            listeners.push(("inbound", self.inbound.clone()));
+        }
+        if args.inbound_capture.is_some() {
+            listeners.push(("inbound-capture", self.capture.clone()));
+        }
+        listeners
     }
-    if args.capture && args.mode == "gateway" {
-        anyhow::bail!(
-            "--capture is for sidecars: a gateway takes outside traffic on its own address"
-        );
-    }
+}
+
+/// Binds and serves the admin port: health, readiness, metrics, debug.
+async fn serve_admin(
+    args: &Args,
+    shared: &Shared,
+    listeners: &Listeners,
+    mut registry: prometheus_client::registry::Registry,
+) -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding admin address {}", args.admin))?;
-    let mut registry = prometheus_client::registry::Registry::default();
     metrics::ProxyMetrics {
-        routing: routing.clone(),
-        ready: ready.clone(),
-        listeners,
+        routing: shared.routing.clone(),
+        ready: shared.ready.clone(),
+        listeners: listeners.serving(args),
     }
     .register(&mut registry);
-    let capture_metrics = listener::captured::CaptureMetrics::register(&mut registry);
-    // The AuthorizationPolicies the inbound listeners enforce, replaced by
-    // the discovery client.
-    let authz = match args.inbound_before_config.as_str() {
-        "allow" => authz::Shared::allowing_until_config(),
-        _ => authz::Shared::new(),
-    };
-    authz.register(&mut registry);
+    shared.authz.register(&mut registry);
     tokio::spawn(admin::serve(
         admin_listener,
         Arc::new(admin::Admin {
-            routing: routing.clone(),
-            ready: ready.clone(),
-            node_id: node.id.clone(),
+            routing: shared.routing.clone(),
+            ready: shared.ready.clone(),
+            node_id: shared.node.id.clone(),
             metrics: registry,
             debug_for_all: args.admin_debug,
             app_probes: args.app_probes.clone().unwrap_or_default(),
-            authz: authz.clone(),
+            authz: shared.authz.clone(),
         }),
     ));
+    Ok(())
+}
 
+/// Binds and serves the outbound (or gateway) listener, and the inbound
+/// and inbound-capture listeners when flagged; each stops on `stop`.
+fn serve_listeners(
+    args: &Args,
+    shared: &Shared,
+    listeners: Listeners,
+    capture_metrics: listener::captured::CaptureMetrics,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let (loops, head_limits) = (shared.loops, shared.head_limits);
     let mut servers = Vec::new();
     let outbound = bind_reuseport(args.outbound, loops)
         .with_context(|| format!("binding outbound address {}", args.outbound))?;
     let out_proxy = Arc::new(Proxy {
-        routing: routing.clone(),
-        ready: ready.clone(),
+        routing: shared.routing.clone(),
+        ready: shared.ready.clone(),
         trust_forwarded_for: args.trust_forwarded_for,
         client_idle_timeout: nonzero(args.client_idle_timeout),
         client_body_timeout: nonzero(args.client_body_timeout),
@@ -190,11 +302,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ))
     });
     serve_on_loops(
-        name,
+        listeners.name,
         outbound,
-        out_loops,
+        listeners.outbound,
         (out_proxy, out_capture),
-        &stop_rx,
+        stop,
         args.drain,
         &mut servers,
     )?;
@@ -203,19 +315,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let listener = bind_reuseport(inbound, loops)
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster =
-            routing::app_cluster(app, &args.workload, args.app_protocol, pool_defaults);
+            routing::app_cluster(app, &args.workload, args.app_protocol, shared.pool_defaults);
         let in_proxy = inbound_proxy(
             Routing::only(app_cluster),
-            &args,
+            args,
             head_limits,
-            (authz.clone(), app.port()),
+            (shared.authz.clone(), app.port()),
         );
         serve_on_loops(
             "inbound",
             listener,
-            in_loops,
+            listeners.inbound,
             (in_proxy, None),
-            &stop_rx,
+            stop,
             args.drain,
             &mut servers,
         )?;
@@ -226,9 +338,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding inbound capture address {addr}"))?;
         let template = listener::captured::AppTemplate {
             workload: args.workload.clone(),
-            authz: authz.clone(),
+            authz: shared.authz.clone(),
             protocol: args.app_protocol,
-            pool: pool_defaults,
+            pool: shared.pool_defaults,
             client_idle_timeout: nonzero(args.client_idle_timeout),
             client_body_timeout: nonzero(args.client_body_timeout),
             head_limits,
@@ -238,26 +350,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.protocol_detect_timeout,
             args.connect_timeout,
             Some(template),
-            capture_metrics.clone(),
+            capture_metrics,
         ));
         // Each connection goes to the app's proxy for its port (the
         // capture's); this one only carries the listener's settings.
-        let proxy = inbound_proxy(Routing::default(), &args, head_limits, (authz.clone(), 0));
+        let proxy = inbound_proxy(
+            Routing::default(),
+            args,
+            head_limits,
+            (shared.authz.clone(), 0),
+        );
         serve_on_loops(
             "inbound-capture",
             listener,
-            capture_loops,
+            listeners.capture,
             (proxy, Some(capture)),
-            &stop_rx,
+            stop,
             args.drain,
             &mut servers,
         )?;
     }
+    Ok(servers)
+}
 
-    let sweeper = tokio::spawn(sweep_pools_forever(routing.clone()));
-    // One HTTP/2 connection carries discovery and load reports: half the
-    // connections (and the control plane's memory) of one each. It connects
-    // on first use and reconnects when a stream finds it broken.
+/// The one HTTP/2 connection to the control plane, carrying discovery and
+/// load reports (half the connections, and the control plane's memory, of
+/// one each); it connects on first use and reconnects when a stream finds it
+/// broken. TLS, trusting the mesh's root, for an `https://` address.
+fn control_plane_channel(args: &Args) -> anyhow::Result<tonic::transport::Channel> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(args.xds_addr.clone())
         .with_context(|| format!("--xds-addr {:?} is not a URI", args.xds_addr))?;
     if args.xds_addr.starts_with("https://") {
@@ -273,45 +393,52 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .tls_config(tls)
             .context("--xds-addr: TLS settings")?;
     }
-    let channel = endpoint
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy();
-    let renewer = match &args.ca_root {
-        Some(path) => {
-            let pem = std::fs::read_to_string(path)
-                .with_context(|| format!("--ca-root: reading {}", path.display()))?;
-            let mesh = Arc::new(
-                tls::Mesh::new(&pem, &args.trust_domain)
-                    .with_context(|| format!("--ca-root {}", path.display()))?,
-            );
-            tls::install(mesh.clone());
-            Some(tokio::spawn(
-                identity::Renewer {
-                    channel: channel.clone(),
-                    token_file: args.token_file.clone(),
-                    mesh,
-                }
-                .run(),
-            ))
-        }
-        None => None,
-    };
+        .connect_lazy())
+}
+
+/// Starts what talks to the control plane: the certificate renewer (with
+/// `--ca-root`), the load reporter and the discovery client.
+fn start_control_plane_clients(
+    args: &Args,
+    shared: Shared,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let channel = control_plane_channel(args)?;
+    let mut tasks = Vec::new();
+    if let Some(path) = &args.ca_root {
+        let pem = std::fs::read_to_string(path)
+            .with_context(|| format!("--ca-root: reading {}", path.display()))?;
+        let mesh = Arc::new(
+            tls::Mesh::new(&pem, &args.trust_domain)
+                .with_context(|| format!("--ca-root {}", path.display()))?,
+        );
+        tls::install(mesh.clone());
+        tasks.push(tokio::spawn(
+            identity::Renewer {
+                channel: channel.clone(),
+                token_file: args.token_file.clone(),
+                mesh,
+            }
+            .run(),
+        ));
+    }
     let reporter = xds::load_report::LoadReporter {
         address: args.xds_addr.clone(),
         channel: channel.clone(),
-        node: node.clone(),
-        routing: routing.clone(),
+        node: shared.node.clone(),
+        routing: shared.routing.clone(),
         token_file: args.token_file.clone(),
     };
-    let reporter_task = tokio::spawn(reporter.run());
+    tasks.push(tokio::spawn(reporter.run()));
     let xds = xds::client::XdsClient {
         address: args.xds_addr.clone(),
         channel,
         max_message_size: args.xds_max_message_size as usize,
-        node,
+        node: shared.node,
         aliases: HostAliases {
             aliases: args.routes.clone(),
             fallback: args.default_route.clone(),
@@ -319,29 +446,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             only: args.mode == "gateway",
             labels: args.labels.clone(),
         },
-        routing,
-        ready,
-        authz: authz.clone(),
-        pool_defaults,
+        routing: shared.routing,
+        ready: shared.ready,
+        authz: shared.authz,
+        pool_defaults: shared.pool_defaults,
         token_file: args.token_file.clone(),
     };
-    let xds_task = tokio::spawn(xds.run());
-    info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, capture = args.capture, inbound_capture = ?args.inbound_capture, admin = %args.admin, xds = args.xds_addr, "sidecar started");
-
-    shutdown_signal().await;
-    info!("shutting down: draining requests in flight");
-    let _ = stop_tx.send(true);
-    for s in servers {
-        let _ = s.await;
-    }
-    xds_task.abort();
-    reporter_task.abort();
-    if let Some(r) = renewer {
-        r.abort();
-    }
-    sweeper.abort();
-    info!("sidecar stopped");
-    Ok(())
+    tasks.push(tokio::spawn(xds.run()));
+    Ok(tasks)
 }
 
 /// An inbound listener's proxy: to the app, with `routing`, always ready,
