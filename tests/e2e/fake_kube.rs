@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 
 mod admission;
 mod kubectl;
+pub mod rbac;
 pub mod wire;
 
 use wire::*;
@@ -176,10 +177,32 @@ pub struct FakeKube {
     /// narrowest RBAC): a list or watch of a namespaced kind across all
     /// namespaces is forbidden, with the real server's message.
     namespaced_roles: Arc<std::sync::atomic::AtomicBool>,
+    /// The control plane's RBAC (`deploy/base/rbac.yaml`): every request
+    /// with its service account's token is authorized by it.
+    rbac: Arc<rbac::Rbac>,
+    /// Requests refused 403 by RBAC, with the server's message.
+    denied: Arc<Mutex<Vec<String>>>,
     /// The longest a watch stays open, in ms (0: its `timeoutSeconds`),
     /// so that a test sees clients watch again in seconds, not minutes.
     watch_cap_ms: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// The control plane's RBAC: `deploy/base/rbac.yaml`, or the file
+/// `MINIMESH_FAKE_RBAC` names (`scripts/rbac-rules-needed.sh` runs the tests
+/// with each rule removed in turn).
+fn rbac_manifests() -> String {
+    let path = std::env::var_os("MINIMESH_FAKE_RBAC")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The test's kubectl: the cluster's admin.
+const ADMIN_TOKEN: &str = "admin-token";
+const ADMIN_USER: &str = "kubernetes-admin";
+/// The control plane's service account token.
+const CONTROL_PLANE_TOKEN: &str = "minimesh-control-plane-token";
+const CONTROL_PLANE_USER: &str = "system:serviceaccount:minimesh-system:minimesh-control-plane";
 
 /// Whose a token is: (namespace, service account, audiences).
 type TokenOwner = (String, String, Vec<String>);
@@ -219,6 +242,8 @@ impl FakeKube {
             requests: Arc::default(),
             tokens: Arc::default(),
             namespaced_roles: Arc::default(),
+            rbac: Arc::new(rbac::Rbac::from_manifests(&rbac_manifests())),
+            denied: Arc::default(),
             watch_cap_ms: Arc::default(),
         };
         let f = fake.clone();
@@ -249,16 +274,70 @@ impl FakeKube {
         fake
     }
 
-    /// Writes a kubeconfig pointing at the fake.
+    /// Writes a kubeconfig pointing at the fake, as the cluster's admin
+    /// (kubectl in the tests: every request allowed).
     pub fn write_kubeconfig(&self, path: &Path) {
+        self.write_kubeconfig_with(path, ADMIN_TOKEN);
+    }
+
+    /// Writes a kubeconfig pointing at the fake, as the control plane's
+    /// service account: its requests are authorized by
+    /// `deploy/base/rbac.yaml`, as on a cluster.
+    pub fn write_control_plane_kubeconfig(&self, path: &Path) {
+        self.write_kubeconfig_with(path, CONTROL_PLANE_TOKEN);
+    }
+
+    fn write_kubeconfig_with(&self, path: &Path, token: &str) {
         std::fs::write(
             path,
             format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: test\n    namespace: default\ncurrent-context: fake\nusers:\n- name: test\n  user:\n    token: test-token\n",
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: test\n    namespace: default\ncurrent-context: fake\nusers:\n- name: test\n  user:\n    token: {token}\n",
                 self.addr
             ),
         )
         .expect("write kubeconfig");
+    }
+
+    /// The requests RBAC refused so far, each with the server's message.
+    pub fn denied(&self) -> Vec<String> {
+        self.denied.lock().expect("lock").clone()
+    }
+
+    /// Who sent `req`: `None` (401) for an unknown token. kubectl sends
+    /// no credentials to a plain-HTTP server (the fake's), so a request
+    /// without any is the admin's: the one liberty the fake takes, and one
+    /// only kubectl in the tests uses (the control plane sends its token).
+    fn authenticate(req: &http::Request<hyper::body::Incoming>) -> Option<&'static str> {
+        let Some(header) = req.headers().get("authorization") else {
+            return Some(ADMIN_USER);
+        };
+        match header.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(ADMIN_TOKEN) => Some(ADMIN_USER),
+            Some(CONTROL_PLANE_TOKEN) => Some(CONTROL_PLANE_USER),
+            _ => None,
+        }
+    }
+
+    /// RBAC's verdict on `user`'s request: `Some` is the 403's message.
+    fn forbidden(
+        &self,
+        user: &str,
+        method: &Method,
+        path: &str,
+        query: &BTreeMap<String, String>,
+    ) -> Option<String> {
+        if user == ADMIN_USER {
+            return None;
+        }
+        // Not a resource request (discovery, OpenAPI): every authenticated user.
+        let attrs = rbac::attributes(method.as_str(), path, query)?;
+        if self.rbac.grant(user, &attrs).is_some() {
+            return None;
+        }
+        let message = rbac::forbidden_message(user, &attrs);
+        eprintln!("fake API server: 403 {message}");
+        self.denied.lock().expect("lock").push(message.clone());
+        Some(message)
     }
 
     /// Creates or updates an object as `kubectl apply` would: the generation
@@ -649,6 +728,14 @@ impl FakeKube {
             .filter_map(|kv| kv.split_once('='))
             .map(|(k, v)| (k.to_string(), percent_decode(v)))
             .collect();
+        // Authentication, then authorization, before routing, as the real
+        // server: a request refused never reaches the storage.
+        let Some(user) = Self::authenticate(&req) else {
+            return status_response(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        };
+        if let Some(message) = self.forbidden(user, &method, &path, &query) {
+            return status_response(StatusCode::FORBIDDEN, "Forbidden", &message);
+        }
         // kubectl patches built-in kinds with a strategic merge patch.
         let strategic = req.headers().get("content-type").is_some_and(|t| {
             t.as_bytes()

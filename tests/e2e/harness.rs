@@ -86,7 +86,14 @@ impl Drop for Proc {
 pub struct Net {
     pub octet: u8,
     pub dir: PathBuf,
+    /// Checks run when the test ends without a panic: each says what went
+    /// wrong out of the test's sight (a request the fake API server refused
+    /// the control plane), and the test fails with it.
+    end_checks: std::sync::Mutex<Vec<EndCheck>>,
 }
+
+/// What an end check found wrong; empty when nothing.
+type EndCheck = Box<dyn Fn() -> Vec<String> + Send>;
 
 pub fn bin(name: &str) -> &'static str {
     match name {
@@ -105,7 +112,11 @@ impl Net {
         std::fs::create_dir_all(dir.join("config")).expect("temp dir");
         std::fs::create_dir_all(dir.join("logs")).expect("temp dir");
         watchdog::started(octet, &dir);
-        Net { octet, dir }
+        Net {
+            octet,
+            dir,
+            end_checks: Default::default(),
+        }
     }
 
     pub fn ip(&self, host: u8) -> Ipv4Addr {
@@ -289,9 +300,31 @@ impl Net {
     }
 }
 
+impl Net {
+    /// Runs `check` when the test ends (without a panic of its own); what
+    /// it returns fails the test.
+    pub fn check_at_end(&self, check: impl Fn() -> Vec<String> + Send + 'static) {
+        self.end_checks.lock().expect("lock").push(Box::new(check));
+    }
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
         watchdog::ended(self.octet);
+        let found: Vec<String> = if std::thread::panicking() {
+            Vec::new()
+        } else {
+            let checks =
+                std::mem::take(&mut *self.end_checks.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut found: Vec<String> = checks.iter().flat_map(|c| c()).collect();
+            found.sort();
+            found.dedup(); // two control planes' checks of one fake
+            found
+        };
+        if !found.is_empty() {
+            eprintln!("logs kept in {}", self.dir.display());
+            panic!("{}", found.join("\n"));
+        }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {

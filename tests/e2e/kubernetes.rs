@@ -61,8 +61,20 @@ pub async fn control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra
 
 /// The same, not waiting until it is ready.
 pub fn spawn_control_plane(net: &Net, fake: &FakeKube, id: &str, host: u8, extra: &[&str]) -> Proc {
-    let kubeconfig = net.dir.join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig);
+    // kubectl's, as the cluster's admin (`kubectl` in admission.rs).
+    fake.write_kubeconfig(&net.dir.join("kubeconfig"));
+    // The control plane's, as its service account: deploy/base/rbac.yaml
+    // authorizes every call it makes.
+    let kubeconfig = net.dir.join("control-plane.kubeconfig");
+    fake.write_control_plane_kubeconfig(&kubeconfig);
+    // A call RBAC refused fails the test, whether or not it saw the effect.
+    let f = fake.clone();
+    net.check_at_end(move || {
+        f.denied()
+            .into_iter()
+            .map(|m| format!("the fake API server refused the control plane (is a rule missing from deploy/base/rbac.yaml?): 403 {m}"))
+            .collect()
+    });
     let mut args: Vec<String> = [
         "--source",
         "kubernetes",
