@@ -39,9 +39,13 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use super::review::Verdict;
-use minimesh_proto::capture::{CaptureSettings, INBOUND_CAPTURE_PORT, PROXY_GID, PROXY_UID};
 
+mod capture;
+mod identity;
 mod probes;
+
+use capture::{captured, captures};
+use identity::{gateway, identity};
 
 /// Annotation set on every injected pod.
 pub const INJECTED: &str = "minimesh.io/injected";
@@ -425,155 +429,6 @@ fn sidecar_container(t: &Template, extra_env: Vec<Value>, ports: Value, id: u32)
     })
 }
 
-/// Whether the pod's traffic is captured: yes unless its annotations turn
-/// capture off; Err for a value neither mode takes.
-fn captures(pod: &Value) -> Result<bool, String> {
-    let a = &pod["metadata"]["annotations"];
-    let ours = match a[CAPTURE_ANNOTATION].as_str() {
-        None | Some("enabled") => true,
-        Some("disabled") => false,
-        Some(other) => {
-            return Err(format!(
-                "metadata.annotations[{CAPTURE_ANNOTATION}]: {other:?} is not enabled or disabled"
-            ))
-        }
-    };
-    let istio = match a[INTERCEPTION_MODE].as_str() {
-        None | Some("REDIRECT") => true,
-        Some("NONE") => false,
-        Some("TPROXY") => {
-            return Err(format!(
-                "metadata.annotations[{INTERCEPTION_MODE}]: TPROXY is not supported (minimesh captures with REDIRECT, which keeps the caller's address visible to the sidecar); use REDIRECT, or NONE for no capture"
-            ))
-        }
-        Some(other) => {
-            return Err(format!(
-                "metadata.annotations[{INTERCEPTION_MODE}]: {other:?} is not REDIRECT or NONE"
-            ))
-        }
-    };
-    Ok(ours && istio)
-}
-
-/// The patch for a pod whose traffic is captured: the init step first, the
-/// sidecar as user 1337 taking captured connections, the app's HTTP probes
-/// pointed at the sidecar, nothing else of the app touched.
-fn captured(pod: &Value, t: &Template) -> Result<Vec<Value>, String> {
-    let spec = &pod["spec"];
-    let annotations = pod["metadata"]["annotations"].as_object();
-    let pairs = annotations
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)));
-    let settings = CaptureSettings::from_annotations(pairs)
-        .map_err(|e| format!("metadata.annotations[{}]: {}", e.key, e.reason))?;
-    let mut command = vec![json!("/usr/local/bin/sidecar"), json!("init-capture")];
-    command.extend(settings.init_args().into_iter().map(Value::from));
-    let init = json!({
-        "name": INIT,
-        "image": t.init_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": command,
-        "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}, "limits": {"memory": "50Mi"}},
-        // Root in the pod's own network namespace, with the two
-        // capabilities rules need and no other (Istio's istio-init).
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": false,
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    });
-    let (probe_ops, originals) = if probes::wanted(pod) {
-        probes::rewrite(pod, ADMIN_PORT)?
-    } else {
-        (Vec::new(), serde_json::Map::new())
-    };
-    let mut extra = vec![
-        env("MINIMESH_CAPTURE", "true".into()),
-        env(
-            "MINIMESH_INBOUND_CAPTURE_ADDR",
-            format!("0.0.0.0:{INBOUND_CAPTURE_PORT}"),
-        ),
-    ];
-    extra.extend(labels_env(pod));
-    if !originals.is_empty() {
-        extra.push(env(
-            "MINIMESH_APP_PROBES",
-            Value::Object(originals).to_string(),
-        ));
-    }
-    debug_assert_eq!(PROXY_UID, PROXY_GID);
-    let mut sidecar = sidecar_container(
-        t,
-        extra,
-        json!([{"name": "http-mesh-admin", "containerPort": ADMIN_PORT}]),
-        PROXY_UID,
-    );
-    let mut ops = Vec::new();
-    if let Some(id) = &t.identity {
-        identity(spec, id, &mut sidecar, &mut ops);
-    }
-    // The rules first, then the sidecar, then the pod's own init containers.
-    match spec["initContainers"].as_array() {
-        Some(a) if !a.is_empty() => {
-            ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
-            ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": init}));
-        }
-        _ => {
-            ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [init, sidecar]}))
-        }
-    }
-    ops.extend(probe_ops);
-    let captured = vec![(CAPTURE_ANNOTATION, "enabled".to_string())];
-    mark_injected(pod, t, captured, &mut ops);
-    Ok(ops)
-}
-
-/// A gateway pod (labelled `minimesh.io/inject=gateway`: a proxy itself,
-/// its first container the sidecar binary in gateway mode) gets no sidecar;
-/// with the CA, it gets the identity a sidecar gets (to call meshed
-/// endpoints over mutual TLS) and the discovery address to use it with.
-fn gateway(pod: &Value, t: &Template) -> Option<Vec<Value>> {
-    let id = t.identity.as_ref()?;
-    let container = &pod["spec"]["containers"][0];
-    if !container.is_object() {
-        return None;
-    }
-    let mut ops = Vec::new();
-    let mut proxy = json!({"env": []});
-    identity(&pod["spec"], id, &mut proxy, &mut ops);
-    let env = container["env"].as_array();
-    if env.is_none() {
-        ops.push(json!({"op": "add", "path": "/spec/containers/0/env", "value": []}));
-    }
-    for var in proxy["env"].as_array().into_iter().flatten() {
-        ops.push(json!({"op": "add", "path": "/spec/containers/0/env/-", "value": var}));
-    }
-    let xds = json!({"name": "MINIMESH_XDS_ADDR", "value": t.xds_addr});
-    match env.and_then(|e| e.iter().position(|v| v["name"] == "MINIMESH_XDS_ADDR")) {
-        Some(i) => ops.push(
-            json!({"op": "replace", "path": format!("/spec/containers/0/env/{i}"), "value": xds}),
-        ),
-        None => ops.push(json!({"op": "add", "path": "/spec/containers/0/env/-", "value": xds})),
-    }
-    let mount = &proxy["volumeMounts"][0];
-    if container["volumeMounts"].is_array() {
-        ops.push(json!({"op": "add", "path": "/spec/containers/0/volumeMounts/-", "value": mount}));
-    } else {
-        ops.push(json!({"op": "add", "path": "/spec/containers/0/volumeMounts", "value": [mount]}));
-    }
-    let annotations = vec![
-        (INJECTED, "true".to_string()),
-        (CA_ROOT_ANNOTATION, id.root_pem.clone()),
-    ];
-    annotate(pod, annotations, &mut ops);
-    Some(ops)
-}
-
 /// Adds `annotations` to the pod's.
 fn annotate(pod: &Value, annotations: Vec<(&str, String)>, ops: &mut Vec<Value>) {
     if pod["metadata"]["annotations"].is_object() {
@@ -586,35 +441,6 @@ fn annotate(pod: &Value, annotations: Vec<(&str, String)>, ops: &mut Vec<Value>)
             .map(|(k, v)| (k.to_string(), v.into()))
             .collect();
         ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": map}));
-    }
-}
-
-/// A sidecar's identity: its projected service-account token (audience
-/// `id.audience`) and the root (from the pod's annotation) in one volume,
-/// and the flags that use them.
-fn identity(spec: &Value, id: &Identity, sidecar: &mut Value, ops: &mut Vec<Value>) {
-    let volume = json!({
-        "name": IDENTITY_VOLUME,
-        "projected": {"sources": [
-            {"serviceAccountToken": {"audience": id.audience, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
-            {"downwardAPI": {"items": [{"path": "root-cert.pem", "fieldRef": {"fieldPath": format!("metadata.annotations['{CA_ROOT_ANNOTATION}']")}}]}},
-        ]},
-    });
-    if spec["volumes"].is_array() {
-        ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value": volume}));
-    } else {
-        ops.push(json!({"op": "add", "path": "/spec/volumes", "value": [volume]}));
-    }
-    sidecar["volumeMounts"] =
-        json!([{"name": IDENTITY_VOLUME, "mountPath": IDENTITY_DIR, "readOnly": true}]);
-    if let Some(env) = sidecar["env"].as_array_mut() {
-        for (name, value) in [
-            ("MINIMESH_CA_ROOT", format!("{IDENTITY_DIR}/root-cert.pem")),
-            ("MINIMESH_TOKEN_FILE", format!("{IDENTITY_DIR}/token")),
-            ("MINIMESH_TRUST_DOMAIN", id.trust_domain.clone()),
-        ] {
-            env.push(json!({"name": name, "value": value}));
-        }
     }
 }
 
