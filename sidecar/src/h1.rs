@@ -36,14 +36,12 @@
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Version};
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use bytes::BytesMut;
+use http::header::HeaderMap;
+use http::Response;
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
 #[cfg(test)]
 mod random_responses;
@@ -53,9 +51,9 @@ mod request;
 mod response;
 
 pub use crate::message::{idempotent, UpstreamBody};
-use request::*;
+use request::send_body;
 pub use request::{encode, Outgoing};
-use response::*;
+use response::read_head;
 pub use response::{Chunk, Decoder, Lent, ResponseBody};
 
 /// Largest response head accepted (status line and headers).
@@ -303,6 +301,10 @@ impl Source for Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use http::header::{HeaderName, HeaderValue};
+    use http::Method;
+    use response::{chunk_size, parse_head, trailers};
 
     fn parse(raw: &[u8], is_head: bool) -> Result<Option<(Response<()>, Decoder, bool)>, Error> {
         let mut buf = BytesMut::from(raw);

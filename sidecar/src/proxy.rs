@@ -4,26 +4,20 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use tracing::{debug, info};
 
-use crate::balance::xxhash::xxh64;
-use crate::endpoint::{ActiveGuard, EndpointState};
-use crate::h1::{encode, Outgoing};
+use crate::endpoint::EndpointState;
 use crate::routing::routes::{Action as RouteAction, Matched, RequestView, RouteEntry};
-use crate::routing::{ClusterHandle, HashPolicy, Routing, Target};
+use crate::routing::{ClusterHandle, Routing, Target};
 use minimesh_proto::headers;
 
 mod admission;
@@ -34,16 +28,15 @@ mod request;
 mod respond;
 mod tries;
 
-use admission::*;
-use attempt::*;
+use admission::admit;
+use attempt::send;
 pub(crate) use request::HOP_BY_HOP;
-use request::*;
-use respond::*;
+use request::{hash_key, request_authority, strip_mesh_headers, Authority, Prepared};
 pub use respond::{local, Tracked};
-use tries::*;
+use respond::{pass_on, rbac_denied, source_chain, unprocessed, Delivery};
+use tries::{overflow, Sent, Tries};
 
-use crate::outlier::{self, Outcome};
-use crate::retry::{self, Action, Attempted, Standing, GRPC_STATUS};
+use crate::retry::{Action, Standing};
 pub use attempt::Upstream;
 pub use edge::Edge;
 
@@ -602,6 +595,8 @@ fn pick(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{HeaderMap, HeaderName};
+    use request::strip_hop_by_hop;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

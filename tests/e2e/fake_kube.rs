@@ -33,7 +33,10 @@ mod kubectl;
 pub mod rbac;
 pub mod wire;
 
-use wire::*;
+use wire::{
+    api_version, bad_selector, gone, json_response, label_match, merge, now, percent_decode,
+    refused, route, status_response, strategic_merge, watch_line, with_warnings,
+};
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -12,27 +12,18 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use minimesh_proto::latency::Span;
-use minimesh_proto::prost::Message as _;
-use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
-use minimesh_proto::v1::{
-    ClusterLoadAssignment, ClusterStats, DiscoveryRequest, EndpointStats, LoadStatsRequest, Node,
-};
-use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
 use serde::Serialize;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 
 mod sidecar;
 mod v3;
-use sidecar::*;
+
+use sidecar::{sidecar, Shared, CALLED, STEADY_SECS};
 
 /// Figures for one N.
 #[derive(Debug, Clone, Serialize)]

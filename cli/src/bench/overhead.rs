@@ -21,29 +21,28 @@
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::Serialize;
-use tokio::time::Instant;
 
-use super::drive::{self, Live, Target};
+use super::drive::{self, Target};
 use super::peers;
 use crate::mesh::{Mesh, UpArgs};
 
 mod generator;
 pub use generator::Generator;
-use generator::*;
 
 mod captured;
 mod mtls;
 mod paired;
 mod rounds;
+
 pub use paired::Paired;
-use paired::*;
-use rounds::*;
+use paired::{paired, paired_line};
+use rounds::rounds_of;
 
 /// One path's figures.
 #[derive(Debug, Clone, Serialize)]

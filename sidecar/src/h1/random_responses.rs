@@ -21,6 +21,9 @@ use tokio::net::TcpListener;
 
 use super::UpstreamBody;
 use super::*;
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::Method;
 
 /// splitmix64: small, fast, and the same sequence everywhere.
 struct Rng(u64);

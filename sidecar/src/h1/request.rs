@@ -2,7 +2,14 @@
 //! and buffered body in one reused buffer), and a streamed body written
 //! after the head (with its length when known, else chunked).
 
-use super::*;
+use http::header::HeaderMap;
+use http::{header, Method};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::{Error, Streaming};
+use crate::message::{idempotent, UpstreamBody};
 
 /// A request encoded once for all its attempts: the head and a buffered
 /// body, in a buffer reused from request to request on this thread.

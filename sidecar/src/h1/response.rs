@@ -4,7 +4,17 @@
 //! extensions and filtered trailers, until close), and the body type that
 //! gives the connection back to its pool at the end.
 
-use super::*;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{header, Response, StatusCode, Version};
+use http_body::{Body, Frame};
+use tokio::io::AsyncRead;
+
+use super::{
+    invalid, poll_fill, Conn, Error, Source, MAX_CHUNK_LINE, MAX_HEAD, MAX_HEADERS, MAX_TRAILERS,
+};
 
 /// Header fields whose places in a head are noted on the stack; a head
 /// with more notes them in a vector.

@@ -1,6 +1,9 @@
 //! A cluster's `connectionPool` limits on requests and retries in flight.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::routing::ClusterHandle;
 
 /// One request counted against a cluster's `max_requests`.
 pub struct InflightGuard(Arc<std::sync::atomic::AtomicU32>);

@@ -2,7 +2,16 @@
 //! retry when small), and sending it over the endpoint's HTTP/1.1 pool or
 //! a shared HTTP/2 connection.
 
-use super::*;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::{Either, Full};
+
+use super::tries::Sent;
+use crate::endpoint::EndpointState;
+use crate::h1::Outgoing;
+use crate::pool::UpstreamBody;
 
 /// A response body from the endpoint, by the HTTP version it came in.
 pub enum Upstream {

@@ -3,7 +3,14 @@
 //! before routing, and none goes back to it (they name pods); an error
 //! minimesh answers tells the client what failed, not where.
 
-use super::*;
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use tracing::debug;
+
+use super::request::strip_mesh_headers;
+use super::{ResponseBody, ERROR_HEADER};
 
 /// How a listener treats clients outside the mesh (gateway mode).
 #[derive(Debug, Clone, Copy, Default)]
@@ -66,6 +73,9 @@ fn public_reason(status: StatusCode) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::{local, ENDPOINT_HEADER};
+    use http::header::{HeaderName, HeaderValue};
+    use http_body_util::BodyExt;
 
     fn error(status: StatusCode, reason: &str) -> Response<ResponseBody> {
         let mut r = local(status, reason);

@@ -2,7 +2,25 @@
 //! it is routed by, the hash key of consistent-hash clusters, and the
 //! headers that stop at this hop.
 
-use super::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{header, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use minimesh_proto::headers;
+
+use super::attempt::{Attempt, H2Attempt, RequestBody};
+use super::respond::local;
+use super::ResponseBody;
+use crate::balance::xxhash::xxh64;
+use crate::endpoint::EndpointState;
+use crate::h1::{encode, Outgoing};
+use crate::pool::MAX_BUFFERED_BODY;
+use crate::routing::{ClusterHandle, HashPolicy};
 
 /// The request's hash for a consistent-hash cluster, and the cookie to set
 /// when the policy hashes on a cookie the request does not carry. A request

@@ -2,7 +2,23 @@
 //! the reason), and upstream bodies that hold their endpoint's counts until
 //! they end.
 
-use super::*;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{header, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
+
+use super::admission::InflightGuard;
+use super::attempt::Upstream;
+use super::request::strip_hop_by_hop;
+use super::tries::outlier_outcome;
+use super::{ResponseBody, ENDPOINT_HEADER, ERROR_HEADER, UNPROCESSED_HEADER};
+use crate::endpoint::{ActiveGuard, EndpointState};
+use crate::outlier::Outcome;
+use crate::routing::ClusterHandle;
 
 /// Marks a response minimesh generates as one no endpoint has seen.
 pub(crate) fn unprocessed(mut r: Response<ResponseBody>) -> Response<ResponseBody> {

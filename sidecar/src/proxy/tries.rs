@@ -3,7 +3,21 @@
 //! counts towards its endpoint (backoff, outlier detection, counters), and
 //! the answer when the request stops without a response to pass on.
 
-use super::*;
+use std::sync::Arc;
+
+use http::header::{HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use tracing::{debug, info};
+
+use super::admission::{admit_retry, InflightGuard};
+use super::attempt::Upstream;
+use super::respond::{local, source_chain, unprocessed};
+use super::{ResponseBody, ERROR_HEADER, OVERFLOW_HEADER};
+use crate::endpoint::EndpointState;
+use crate::outlier::Outcome;
+use crate::retry::{Action, Attempted, Standing, GRPC_STATUS};
+use crate::routing::ClusterHandle;
+use crate::{outlier, retry};
 
 /// What one attempt came to, at the transport.
 // The response is the common case and lives on the request's stack: boxing

@@ -3,7 +3,26 @@
 //! load-report stream with the reports a real sidecar would send, on one
 //! HTTP/2 connection; and what they share with the bench.
 
-use super::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use minimesh_proto::latency::Span;
+use minimesh_proto::prost::Message as _;
+use minimesh_proto::v1::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use minimesh_proto::v1::load_reporting_service_client::LoadReportingServiceClient;
+use minimesh_proto::v1::{
+    ClusterLoadAssignment, ClusterStats, DiscoveryRequest, EndpointStats, LoadStatsRequest, Node,
+};
+use minimesh_proto::{CLUSTER_TYPE, ENDPOINTS_TYPE, ROUTE_TYPE};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::CHANGED_CLUSTER;
 
 /// What the simulated sidecars share with the bench.
 #[derive(Default)]

@@ -18,9 +18,22 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest as EnvoyReq
 use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_client::LoadReportingServiceClient as LrsClient;
 use envoy_types::pb::envoy::service::load_stats::v3::LoadStatsRequest as EnvoyReport;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use minimesh_proto::prost::Message as _;
 use minimesh_proto::xds_v3;
 
-use super::*;
+use super::sidecar::Held;
+use super::sidecar::Reporting;
+use super::sidecar::Shared;
+use anyhow::Context;
+use minimesh_proto::v1::ClusterStats;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
 
 /// The simulated Envoy `i`: subscribes, ACKs, records when the number of
 /// endpoints it holds changed, and reports load at the interval asked.

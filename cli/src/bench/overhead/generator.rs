@@ -2,7 +2,15 @@
 //! oha, at a fixed rate or as fast as it goes, and one measured pass of a
 //! path.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::time::Instant;
+
+use super::drive::{Live, Target};
+use super::{drive, peers, usage, PathResult, TICKS};
 
 /// What sends the load.
 #[derive(Debug, Clone)]

@@ -2,7 +2,10 @@
 //! differences measured in the same round, their medians, and in how many
 //! rounds the sidecar was ahead or even.
 
-use super::*;
+use serde::Serialize;
+
+use super::rounds::median;
+use super::PathResult;
 
 /// One sidecar against a peer, round by round: both measured in the same
 /// round, minutes apart at most, so a change in the machine's load between

@@ -2,7 +2,11 @@
 //! each path's rounds combined into one result (medians, and every round's
 //! figures kept for the round-by-round comparisons of [`super::paired`]).
 
-use super::*;
+use std::time::Duration;
+
+use super::drive::Target;
+use super::generator::{measure, Generator};
+use super::PathResult;
 
 /// Measures every path `rounds` times, the paths taking turns within each
 /// round, so that a slow drift of the machine's load (it is shared) falls on

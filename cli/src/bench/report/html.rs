@@ -1,7 +1,10 @@
 //! The self-contained HTML report: inline SVG line charts of every run, with
 //! the scenario's events marked; opens offline.
 
-use super::*;
+use std::fmt::Write as _;
+
+use super::{EventRecord, RunResult, Second};
+use crate::bench::scenario::Scenario;
 
 /// Line colours, one per series: twenty, so that every policy and peer of a
 /// shipped scenario has its own in the overview charts.
