@@ -10,7 +10,7 @@ use minimesh_proto::v1::{
 };
 
 use crate::config::kube::{EndpointSlice, ServicePort, SliceEndpoint};
-use crate::config::parse::ObjectKey;
+use crate::config::parse::{ObjectKey, ValidRule};
 use crate::config::rule::{self, Policy};
 use crate::config::security::ROOT_NAMESPACE;
 pub use crate::config::status::RuleStatus;
@@ -282,22 +282,55 @@ fn build(
             .collect(),
         ..Resources::default()
     };
-    let meshed = security::meshed_ips(store);
-    let no_rule = rule::Resolved::default();
+    let service = ServiceInputs {
+        store,
+        load_weights,
+        meshed: security::meshed_ips(store),
+    };
     for (skey, svc) in &store.services {
+        let rule = rule_for
+            .get(&(skey.name.clone(), skey.namespace.clone()))
+            .copied();
+        service.add(&mut out, skey, svc, rule, status);
+    }
+    routes::apply_virtual_services(store, &mut out);
+    routes::apply_gateways(store, &mut out);
+    gateway_api::apply(store, &mut out);
+    out
+}
+
+/// What every Service's translation reads besides the Service itself.
+struct ServiceInputs<'a> {
+    store: &'a Store,
+    load_weights: &'a BTreeMap<String, BTreeMap<String, u32>>,
+    /// The pods that run a sidecar.
+    meshed: security::Meshed<'a>,
+}
+
+impl ServiceInputs<'_> {
+    /// One Service's clusters (one per TCP port, with their endpoints and
+    /// subsets), its route, and what its rule's status says of it.
+    fn add(
+        &self,
+        out: &mut Resources,
+        skey: &ObjectKey,
+        svc: &crate::config::kube::Service,
+        rule: Option<(&ObjectKey, &ValidRule)>,
+        status: &mut BTreeMap<ObjectKey, RuleStatus>,
+    ) {
         if let Some(value) = svc.metadata.annotations.get(EXPORT_TO) {
             if let Some(to) = export_to(value, &skey.namespace) {
                 out.exported
                     .insert(format!("{}.{}", skey.name, skey.namespace), to);
             }
         }
-        let slices: Vec<&EndpointSlice> = store
+        let slices: Vec<&EndpointSlice> = self
+            .store
             .slices
             .iter()
             .filter(|(k, s)| k.namespace == skey.namespace && s.service_name() == Some(&skey.name))
             .map(|(_, s)| s.as_ref())
             .collect();
-        let rule = rule_for.get(&(skey.name.clone(), skey.namespace.clone()));
         let mut route = Route {
             service: skey.name.clone(),
             namespace: skey.namespace.clone(),
@@ -317,92 +350,28 @@ fn build(
             .iter()
             .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
             .collect();
+        let no_rule = rule::Resolved::default();
         for port in &tcp_ports {
             let name = cluster_name(&skey.name, &skey.namespace, port.port);
             // The rule's settings for this port, or what a service with no
             // rule gets: every cluster is filled from one `Resolved`.
             let res = rule.map_or(&no_rule, |(_, r)| r.resolved.for_port(port.port));
-            let mut cluster = Cluster {
-                name: name.clone(),
-                service: skey.name.clone(),
-                namespace: skey.namespace.clone(),
-                port: port.port.into(),
-                policy: res.policy.to_wire() as i32,
-                connect_timeout_ms: res.connect_timeout.map_or(0, |d| d.as_millis() as u64),
-                timeout_ms: res.timeout.map_or(0, |d| d.as_millis() as u64),
-                retry_attempts: res.retry_attempts,
-                per_try_timeout_ms: res.per_try_timeout.map_or(0, |d| d.as_millis() as u64),
-                retry_budget_percent: res.retry_budget_percent,
-                retry_budget_min_per_second: res.retry_budget_min_per_second,
-                upstream_protocol: if res.use_client_protocol {
-                    UpstreamProtocol::Client as i32
-                } else {
-                    port_protocol(port) as i32
-                },
-                max_concurrent_streams: res.max_concurrent_streams,
-                idle_timeout_ms: res.idle_timeout.map_or(0, |d| d.as_millis() as u64),
-                zone_failover: res.zone_failover(),
-                max_connection_duration_ms: res
-                    .max_connection_duration
-                    .map_or(0, |d| d.as_millis() as u64),
-                max_requests_per_connection: res.max_requests_per_connection,
-                max_retries: res.max_retries,
-                retry_on: res.retry_on,
-                retriable_status_codes: res.retriable_status_codes.clone(),
-                health_check: res.health_check.as_ref().map(|h| v1::HealthCheck {
-                    path: h.path.clone(),
-                    grpc: h.grpc_service.is_some(),
-                    grpc_service: h.grpc_service.clone().unwrap_or_default(),
-                    interval_ms: h.interval.as_millis() as u64,
-                    timeout_ms: h.timeout.as_millis() as u64,
-                    healthy_threshold: h.healthy_threshold,
-                    unhealthy_threshold: h.unhealthy_threshold,
-                }),
-                outlier_detection: Some(outlier_detection(res.outlier_in_force())),
-                warmup_ms: res.warmup.map_or(0, |d| d.as_millis() as u64),
-                warmup_min_percent: res.warmup_min_percent,
-                warmup_aggression: res.warmup_aggression,
-                ..Default::default()
-            };
-            cluster.max_requests = if cluster.upstream_protocol == UpstreamProtocol::Http2 as i32 {
-                res.max_requests_h2
-            } else {
-                res.max_requests
-            };
-            match res.policy {
-                Policy::RingHash => cluster.minimum_ring_size = res.hash_table_size,
-                Policy::Maglev => cluster.table_size = res.hash_table_size,
-                _ => {}
-            }
+            let mut cluster = cluster(&name, skey, port, res);
             if let Some((key, vr)) = rule {
                 cluster.rule = format!("{}/{}", key.namespace, key.name);
                 cluster.hash_key = vr.rule.spec.load_balancer(port.port).and_then(hash_key_of);
-                status
-                    .entry((*key).clone())
-                    .or_insert_with(|| RuleStatus {
-                        accepted: true,
-                        reason: "Accepted".into(),
-                        message: standard_clients_note(vr.resolved.policy)
-                            .unwrap_or_default()
-                            .to_string(),
-                        policy: Some(vr.resolved.policy.as_str()),
-                        clusters: vec![],
-                        warnings: vec![],
-                    })
-                    .clusters
-                    .push(name.clone());
+                applied(status, key, vr, &name);
             }
-            let endpoints = endpoints_for(
+            let mut endpoints = endpoints_for(
                 port.name.as_deref(),
                 tcp_ports.len(),
                 &slices,
                 rule.and_then(|r| r.1.rule.spec.load_balancer(port.port))
                     .map_or(&[], |lb| lb.endpoint_weights.as_slice()),
             );
-            let mut endpoints = endpoints;
-            security::mark_meshed(&mut endpoints, &meshed, res.tls);
+            security::mark_meshed(&mut endpoints, &self.meshed, res.tls);
             if cluster.policy == LbPolicy::LoadAware as i32 {
-                let weights = load_weights.get(&name);
+                let weights = self.load_weights.get(&name);
                 for e in &mut endpoints {
                     e.weight = weights
                         .and_then(|w| w.get(&e.address))
@@ -411,7 +380,7 @@ fn build(
                 }
             }
             if let Some((_, vr)) = rule.filter(|(_, r)| !r.subsets.is_empty()) {
-                routes::add_subset_clusters(&mut out, store, &cluster, &endpoints, &vr.subsets);
+                routes::add_subset_clusters(out, self.store, &cluster, &endpoints, &vr.subsets);
             }
             out.endpoints.insert(
                 name.clone(),
@@ -429,35 +398,10 @@ fn build(
             out.clusters.insert(name, cluster);
         }
         if let Some((key, vr)) = rule {
-            let unmatched: Vec<String> = vr
-                .resolved
-                .ports
-                .keys()
-                .filter(|n| !tcp_ports.iter().any(|p| p.port == **n))
-                .map(u16::to_string)
-                .collect();
-            // (Once: every view that applies the rule comes here.)
-            let st = status.get_mut(*key).filter(|st| {
-                !st.message
-                    .starts_with("spec.trafficPolicy.portLevelSettings")
-            });
-            if let (false, Some(st)) = (unmatched.is_empty(), st) {
-                let ports: Vec<String> = tcp_ports.iter().map(|p| p.port.to_string()).collect();
-                let note = std::mem::take(&mut st.message);
-                st.message = format!(
-                    "spec.trafficPolicy.portLevelSettings: service {}.{} has no port {} (its ports: {}); those settings apply to no traffic",
-                    skey.name,
-                    skey.namespace,
-                    unmatched.join(", "),
-                    ports.join(", ")
-                );
-                if !note.is_empty() {
-                    st.message = format!("{}; {note}", st.message);
-                }
-            }
+            note_unmatched_ports(status, key, vr, skey, &tcp_ports);
         }
         if route.ports.is_empty() {
-            continue;
+            return;
         }
         route.default_port = route
             .ports
@@ -468,10 +412,126 @@ fn build(
         out.routes
             .insert(format!("{}.{}", skey.name, skey.namespace), route);
     }
-    routes::apply_virtual_services(store, &mut out);
-    routes::apply_gateways(store, &mut out);
-    gateway_api::apply(store, &mut out);
-    out
+}
+
+/// The cluster of one service port, from the settings resolved for it.
+fn cluster(name: &str, skey: &ObjectKey, port: &ServicePort, res: &rule::Resolved) -> Cluster {
+    let ms = |d: Option<std::time::Duration>| d.map_or(0, |d| d.as_millis() as u64);
+    let upstream_protocol = if res.use_client_protocol {
+        UpstreamProtocol::Client
+    } else {
+        port_protocol(port)
+    };
+    Cluster {
+        name: name.to_string(),
+        service: skey.name.clone(),
+        namespace: skey.namespace.clone(),
+        port: port.port.into(),
+        policy: res.policy.to_wire() as i32,
+        connect_timeout_ms: ms(res.connect_timeout),
+        timeout_ms: ms(res.timeout),
+        retry_attempts: res.retry_attempts,
+        per_try_timeout_ms: ms(res.per_try_timeout),
+        retry_budget_percent: res.retry_budget_percent,
+        retry_budget_min_per_second: res.retry_budget_min_per_second,
+        upstream_protocol: upstream_protocol as i32,
+        max_concurrent_streams: res.max_concurrent_streams,
+        idle_timeout_ms: ms(res.idle_timeout),
+        zone_failover: res.zone_failover(),
+        max_connection_duration_ms: ms(res.max_connection_duration),
+        max_requests_per_connection: res.max_requests_per_connection,
+        max_retries: res.max_retries,
+        retry_on: res.retry_on,
+        retriable_status_codes: res.retriable_status_codes.clone(),
+        health_check: res.health_check.as_ref().map(|h| v1::HealthCheck {
+            path: h.path.clone(),
+            grpc: h.grpc_service.is_some(),
+            grpc_service: h.grpc_service.clone().unwrap_or_default(),
+            interval_ms: h.interval.as_millis() as u64,
+            timeout_ms: h.timeout.as_millis() as u64,
+            healthy_threshold: h.healthy_threshold,
+            unhealthy_threshold: h.unhealthy_threshold,
+        }),
+        outlier_detection: Some(outlier_detection(res.outlier_in_force())),
+        warmup_ms: ms(res.warmup),
+        warmup_min_percent: res.warmup_min_percent,
+        warmup_aggression: res.warmup_aggression,
+        max_requests: if upstream_protocol == UpstreamProtocol::Http2 {
+            res.max_requests_h2
+        } else {
+            res.max_requests
+        },
+        minimum_ring_size: match res.policy {
+            Policy::RingHash => res.hash_table_size,
+            _ => 0,
+        },
+        table_size: match res.policy {
+            Policy::Maglev => res.hash_table_size,
+            _ => 0,
+        },
+        ..Default::default()
+    }
+}
+
+/// Records that the rule `key` applies to cluster `name` (accepted, with
+/// what standard clients do with its policy).
+fn applied(
+    status: &mut BTreeMap<ObjectKey, RuleStatus>,
+    key: &ObjectKey,
+    vr: &ValidRule,
+    name: &str,
+) {
+    status
+        .entry(key.clone())
+        .or_insert_with(|| RuleStatus {
+            accepted: true,
+            reason: "Accepted".into(),
+            message: standard_clients_note(vr.resolved.policy)
+                .unwrap_or_default()
+                .to_string(),
+            policy: Some(vr.resolved.policy.as_str()),
+            clusters: vec![],
+            warnings: vec![],
+        })
+        .clusters
+        .push(name.to_string());
+}
+
+/// Says in the rule's status which of its `portLevelSettings` name no port
+/// of the service (settings that apply to no traffic).
+fn note_unmatched_ports(
+    status: &mut BTreeMap<ObjectKey, RuleStatus>,
+    key: &ObjectKey,
+    vr: &ValidRule,
+    skey: &ObjectKey,
+    tcp_ports: &[&ServicePort],
+) {
+    let unmatched: Vec<String> = vr
+        .resolved
+        .ports
+        .keys()
+        .filter(|n| !tcp_ports.iter().any(|p| p.port == **n))
+        .map(u16::to_string)
+        .collect();
+    // (Once: every view that applies the rule comes here.)
+    let st = status.get_mut(key).filter(|st| {
+        !st.message
+            .starts_with("spec.trafficPolicy.portLevelSettings")
+    });
+    if let (false, Some(st)) = (unmatched.is_empty(), st) {
+        let ports: Vec<String> = tcp_ports.iter().map(|p| p.port.to_string()).collect();
+        let note = std::mem::take(&mut st.message);
+        st.message = format!(
+            "spec.trafficPolicy.portLevelSettings: service {}.{} has no port {} (its ports: {}); those settings apply to no traffic",
+            skey.name,
+            skey.namespace,
+            unmatched.join(", "),
+            ports.join(", ")
+        );
+        if !note.is_empty() {
+            st.message = format!("{}; {note}", st.message);
+        }
+    }
 }
 
 /// Outlier detection on the wire.
