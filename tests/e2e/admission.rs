@@ -79,6 +79,7 @@ spec:
       simple: RANDOM
 ";
 
+/// Refused by minimesh's webhook (the CRD's schema takes it).
 const BAD: &str = "apiVersion: minimesh.io/v1alpha1
 kind: DestinationRule
 metadata:
@@ -88,7 +89,7 @@ spec:
   host: backend
   trafficPolicy:
     loadBalancer:
-      simple: FASTEST
+      simple: PASSTHROUGH
 ";
 
 const VS: &str = "apiVersion: minimesh.io/v1alpha1
@@ -105,7 +106,8 @@ spec:
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_reason() {
+async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_schema_or_the_webhook_with_field_and_reason()
+{
     let net = Net::new(110);
     let fake = FakeKube::start(net.addr(250, 6443)).await;
     // Busy, as a real API server can be: kubectl and the control plane
@@ -175,11 +177,36 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
         let (ok, out, err) = kubectl(&net, &["apply", "-f", "-"], Some(BAD)).await;
         assert!(!ok, "{out}{err}");
         assert!(
-            err.contains("admission webhook \"validation.minimesh.io\" denied the request: spec.trafficPolicy.loadBalancer.simple: "),
+            err.contains("admission webhook \"validation.minimesh.io\" denied the request: spec.trafficPolicy.loadBalancer.simple: PASSTHROUGH is not supported"),
             "{err}"
         );
-        assert!(err.contains("FASTEST"), "{err}");
     }
+    // What the CRD's schema can tell is refused by the API server itself,
+    // before any webhook (the denials counted below stay the webhook's):
+    // a policy name it does not list, a misspelled field (kubectl asks for
+    // strict field validation).
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some(&GOOD.replace("RANDOM", "FASTEST")),
+    )
+    .await;
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("The DestinationRule \"backend-dr\" is invalid: spec.trafficPolicy.loadBalancer.simple: Unsupported value: \"FASTEST\": supported values: \"UNSPECIFIED\", \"ROUND_ROBIN\", \"RANDOM\""),
+        "{err}"
+    );
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "-f", "-"],
+        Some(&GOOD.replace("  host: backend", "  host: backend\n  hots: backend")),
+    )
+    .await;
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("strict decoding error: unknown field \"spec.hots\""),
+        "{err}"
+    );
     // The stored rule is still the good one, and `kubectl get mdr` says so
     // in the CRD's columns.
     let (ok, out, err) = kubectl(&net, &["get", "mdr"], None).await;
@@ -264,6 +291,48 @@ async fn kubectl_apply_of_a_bad_rule_is_refused_by_the_webhook_with_field_and_re
         assert!(Instant::now() < deadline, "not applied: {config:#}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // Server-side apply: a rule created, changed, and a field it no
+    // longer lists removed (its manager owned it).
+    let ssa = GOOD
+        .replace("backend-dr", "frontend-dr")
+        .replace("host: backend", "host: frontend");
+    let (ok, out, err) = kubectl(&net, &["apply", "--server-side", "-f", "-"], Some(&ssa)).await;
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "destinationrule.minimesh.io/frontend-dr serverside-applied",
+        "{err}"
+    );
+    let stored = fake
+        .get("minimesh.io/v1alpha1", "DestinationRule", NS, "frontend-dr")
+        .expect("created by server-side apply");
+    assert_eq!(
+        stored["spec"]["trafficPolicy"]["loadBalancer"]["simple"],
+        "RANDOM"
+    );
+    assert_eq!(
+        stored["spec"]["exportTo"],
+        serde_json::json!([]),
+        "the schema's default"
+    );
+    let without_policy = ssa
+        .split("  trafficPolicy:")
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let (ok, out, err) = kubectl(
+        &net,
+        &["apply", "--server-side", "-f", "-"],
+        Some(&without_policy),
+    )
+    .await;
+    assert!(ok, "{out}{err}");
+    let stored = fake
+        .get("minimesh.io/v1alpha1", "DestinationRule", NS, "frontend-dr")
+        .expect("rule");
+    assert!(stored["spec"].get("trafficPolicy").is_none(), "{stored:#}");
+    assert_eq!(stored["metadata"]["generation"], 2, "{stored:#}");
 
     // Both replicas counted what they answered.
     let mut denied = 0.0;

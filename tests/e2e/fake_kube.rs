@@ -31,11 +31,12 @@ use tokio::sync::mpsc;
 mod admission;
 mod kubectl;
 pub mod rbac;
+pub mod schema;
 pub mod wire;
 
 use wire::{
-    api_version, bad_selector, gone, json_response, label_match, merge, now, percent_decode,
-    refused, route, status_response, strategic_merge, watch_line, with_warnings,
+    api_version, bad_selector, gone, json_patch, json_response, label_match, merge, now,
+    percent_decode, refused, route, status_response, strategic_merge, watch_line, with_warnings,
 };
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -183,6 +184,12 @@ pub struct FakeKube {
     /// The control plane's RBAC (`deploy/base/rbac.yaml`): every request
     /// with its service account's token is authorized by it.
     rbac: Arc<rbac::Rbac>,
+    /// The CRDs of minimesh's kinds (`crds/`), by collection: their
+    /// schemas prune, default and validate every write.
+    crds: Arc<BTreeMap<usize, schema::Crd>>,
+    /// What each field manager last applied to each object (server-side
+    /// apply): (collection, namespace, name, manager) -> applied config.
+    applied: Arc<Mutex<BTreeMap<Managed, Value>>>,
     /// Requests refused 403 by RBAC, with the server's message.
     denied: Arc<Mutex<Vec<String>>>,
     /// The longest a watch stays open, in ms (0: its `timeoutSeconds`),
@@ -200,6 +207,22 @@ fn rbac_manifests() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// minimesh's CRDs, as `kubectl apply -f crds/` installs them.
+fn crds() -> BTreeMap<usize, schema::Crd> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    COLLECTIONS
+        .iter()
+        .enumerate()
+        .filter(|(_, (g, ..))| *g == "minimesh.io")
+        .map(|(c, (g, _, plural, _))| {
+            (
+                c,
+                schema::Crd::load(&dir.join(format!("{plural}.{g}.yaml"))),
+            )
+        })
+        .collect()
+}
+
 /// The test's kubectl: the cluster's admin.
 const ADMIN_TOKEN: &str = "admin-token";
 const ADMIN_USER: &str = "kubernetes-admin";
@@ -207,8 +230,67 @@ const ADMIN_USER: &str = "kubernetes-admin";
 const CONTROL_PLANE_TOKEN: &str = "minimesh-control-plane-token";
 const CONTROL_PLANE_USER: &str = "system:serviceaccount:minimesh-system:minimesh-control-plane";
 
+/// An object's fields as one manager applied them: (collection,
+/// namespace, name, field manager).
+type Managed = (usize, String, String, String);
+
 /// Whose a token is: (namespace, service account, audiences).
 type TokenOwner = (String, String, Vec<String>);
+
+/// The 409 of a write from a stale resourceVersion.
+fn conflict(plural: &str, name: &str) -> Response<Body> {
+    status_response(
+        StatusCode::CONFLICT,
+        "Conflict",
+        &format!("Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+    )
+}
+
+/// A PATCH's type, by its content type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PatchType {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+impl PatchType {
+    fn of(content_type: &str) -> Option<PatchType> {
+        let t = content_type.split(';').next().unwrap_or("").trim();
+        match t {
+            "application/json-patch+json" => Some(PatchType::Json),
+            "application/merge-patch+json" => Some(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+                Some(PatchType::Apply)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Removes from `obj` the fields a manager applied before (`previous`)
+/// and no longer applies (`now`): server-side apply's ownership, for one
+/// manager per field.
+fn unapply(obj: &mut Value, previous: &Value, now: &Value) {
+    let (Some(o), Some(p)) = (obj.as_object_mut(), previous.as_object()) else {
+        return;
+    };
+    for (k, pv) in p {
+        match now.get(k) {
+            None => {
+                o.remove(k);
+            }
+            Some(nv) if pv.is_object() && nv.is_object() => {
+                if let Some(ov) = o.get_mut(k) {
+                    unapply(ov, pv, nv);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
     COLLECTIONS
@@ -247,6 +329,8 @@ impl FakeKube {
             namespaced_roles: Arc::default(),
             rbac: Arc::new(rbac::Rbac::from_manifests(&rbac_manifests())),
             denied: Arc::default(),
+            crds: Arc::new(crds()),
+            applied: Arc::default(),
             watch_cap_ms: Arc::default(),
         };
         let f = fake.clone();
@@ -703,6 +787,251 @@ impl FakeKube {
         });
     }
 
+    /// Creates `obj` in `ns`: decoded against its CRD's schema, admitted,
+    /// stored; a Deployment's pods rolled out.
+    async fn create(
+        &self,
+        c: usize,
+        ns: String,
+        mut obj: Value,
+        query: &BTreeMap<String, String>,
+    ) -> Response<Body> {
+        let plural = COLLECTIONS[c].2;
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if !ns.is_empty() {
+            obj["metadata"]["namespace"] = ns.clone().into();
+        }
+        let mut warnings = match self.decode(c, &name, &mut obj, None, query) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        match self.admit(c, "CREATE", &mut obj, None).await {
+            Ok(w) => warnings.extend(w),
+            Err(r) => return refused(r),
+        }
+        let stored = {
+            let mut inner = self.inner.lock().expect("lock");
+            inner.log.push(format!("CREATE {plural} {name}"));
+            let key = (c, ns, name.clone());
+            if inner.objects.contains_key(&key) {
+                None
+            } else {
+                obj["metadata"]["generation"] = 1.into();
+                obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
+                obj["metadata"]["creationTimestamp"] = now().into();
+                Some(inner.commit(key, "ADDED", obj))
+            }
+        };
+        let Some(obj) = stored else {
+            return status_response(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                &format!("{plural} \"{name}\" already exists"),
+            );
+        };
+        if c == DEPLOYMENTS {
+            self.roll_out(&obj).await;
+        }
+        with_warnings(json_response(StatusCode::CREATED, &obj), &warnings)
+    }
+
+    /// Stores `obj` over `current` (which it was computed from): the
+    /// status kept (the status subresource's to change), the generation
+    /// counted, decoded and admitted; 409 if `current` changed meanwhile.
+    async fn update(
+        &self,
+        key: (usize, String, String),
+        current: Value,
+        mut obj: Value,
+        verb: &str,
+        query: &BTreeMap<String, String>,
+    ) -> Response<Body> {
+        let (c, name) = (key.0, key.2.clone());
+        let plural = COLLECTIONS[c].2;
+        match current.get("status") {
+            Some(st) => obj["status"] = st.clone(),
+            None => {
+                if let Some(m) = obj.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        let mut warnings = match self.decode(c, &name, &mut obj, Some(&current), query) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+        let changed = current.get("spec") != obj.get("spec");
+        obj["metadata"]["generation"] = (generation + i64::from(changed)).into();
+        match self.admit(c, "UPDATE", &mut obj, Some(&current)).await {
+            Ok(w) => warnings.extend(w),
+            Err(r) => return refused(r),
+        }
+        let template_changed = obj["spec"] != current["spec"];
+        let stored = {
+            let mut inner = self.inner.lock().expect("lock");
+            inner.log.push(format!("{verb} {plural} {name}"));
+            // Changed by someone else while the webhooks ran.
+            if inner
+                .objects
+                .get(&key)
+                .map(|o| &o["metadata"]["resourceVersion"])
+                != Some(&current["metadata"]["resourceVersion"])
+            {
+                None
+            } else {
+                Some(inner.commit(key, "MODIFIED", obj))
+            }
+        };
+        let Some(obj) = stored else {
+            return conflict(plural, &name);
+        };
+        if c == DEPLOYMENTS && template_changed {
+            self.roll_out(&obj).await;
+        }
+        with_warnings(json_response(StatusCode::OK, &obj), &warnings)
+    }
+
+    /// `current` with `patch` applied as its type says; a `resourceVersion`
+    /// in a patch is a precondition, as on the real server.
+    #[allow(clippy::result_large_err)]
+    fn patched(
+        &self,
+        c: usize,
+        current: &Value,
+        patch: &Value,
+        patch_type: Option<PatchType>,
+    ) -> Result<Value, Response<Body>> {
+        let name = current["metadata"]["name"].as_str().unwrap_or("");
+        let mut o = current.clone();
+        match patch_type {
+            Some(PatchType::Json) => {
+                let ops = patch.as_array().map(Vec::as_slice).unwrap_or(&[]);
+                json_patch(&mut o, ops).map_err(|e| {
+                    status_response(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        &format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
+            }
+            // Custom resources have no strategic merge patch: no Go struct
+            // carries their merge keys.
+            Some(PatchType::Strategic) if self.crds.contains_key(&c) => {
+                return Err(status_response(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
+            }
+            Some(PatchType::Strategic) => strategic_merge(&mut o, patch),
+            Some(PatchType::Merge) => merge(&mut o, patch),
+            Some(PatchType::Apply) | None => {
+                return Err(status_response(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
+            }
+        }
+        let wanted = &o["metadata"]["resourceVersion"];
+        if !wanted.is_null() && *wanted != current["metadata"]["resourceVersion"] {
+            return Err(conflict(COLLECTIONS[c].2, name));
+        }
+        Ok(o)
+    }
+
+    /// Server-side apply of `body` (the manager's whole intent for the
+    /// object): created when missing; else the fields this manager applied
+    /// before and no longer lists are removed, and the rest merged in.
+    async fn apply_patch(
+        &self,
+        c: usize,
+        ns: String,
+        name: String,
+        body: &[u8],
+        query: &BTreeMap<String, String>,
+    ) -> Response<Body> {
+        let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
+            return status_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            );
+        };
+        let Ok(config) = serde_saphyr::from_str::<Value>(&String::from_utf8_lossy(body)) else {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML");
+        };
+        let key = (c, ns.clone(), name.clone());
+        let managed = (c, ns.clone(), name.clone(), manager);
+        let current = self.inner.lock().expect("lock").objects.get(&key).cloned();
+        let previous = self.applied.lock().expect("lock").get(&managed).cloned();
+        self.applied
+            .lock()
+            .expect("lock")
+            .insert(managed, config.clone());
+        let Some(current) = current else {
+            return self.create(c, ns, config, query).await;
+        };
+        let mut obj = current.clone();
+        if let Some(previous) = previous {
+            unapply(&mut obj, &previous, &config);
+        }
+        merge(&mut obj, &config);
+        self.update(key, current, obj, "APPLY", query).await
+    }
+
+    /// The server's decoding of a write of a custom resource: unknown
+    /// fields refused (`fieldValidation=Strict`), or pruned with a warning
+    /// (`Warn`, the server's default) or silently (`Ignore`); defaults
+    /// filled; then the schema's validation (422 with every error).
+    #[allow(clippy::result_large_err)]
+    fn decode(
+        &self,
+        c: usize,
+        name: &str,
+        obj: &mut Value,
+        _current: Option<&Value>,
+        query: &BTreeMap<String, String>,
+    ) -> Result<Vec<String>, Response<Body>> {
+        let Some(crd) = self.crds.get(&c) else {
+            return Ok(Vec::new());
+        };
+        let unknown = crd.prune_and_default(obj);
+        let mut warnings = Vec::new();
+        if !unknown.is_empty() {
+            let fields: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field {f:?}"))
+                .collect();
+            match query.get("fieldValidation").map(String::as_str) {
+                Some("Strict") => {
+                    let (_, version, _, kind) = COLLECTIONS[c];
+                    return Err(status_response(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!(
+                            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+                            fields.join(", ")
+                        ),
+                    ));
+                }
+                Some("Ignore") => {}
+                _ => warnings = fields,
+            }
+        }
+        let errors = crd.validate(obj, None);
+        if !errors.is_empty() {
+            return Err(json_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &crd.invalid(name, &errors),
+            ));
+        }
+        Ok(warnings)
+    }
+
     async fn handle(&self, req: http::Request<hyper::body::Incoming>) -> Response<Body> {
         use std::sync::atomic::Ordering::Relaxed;
         let every = self.throttle.load(Relaxed);
@@ -739,11 +1068,15 @@ impl FakeKube {
         if let Some(message) = self.forbidden(user, &method, &path, &query) {
             return status_response(StatusCode::FORBIDDEN, "Forbidden", &message);
         }
-        // kubectl patches built-in kinds with a strategic merge patch.
-        let strategic = req.headers().get("content-type").is_some_and(|t| {
-            t.as_bytes()
-                .starts_with(b"application/strategic-merge-patch")
-        });
+        // A patch's type is its content type (kubectl patches built-in
+        // kinds with a strategic merge patch, custom ones with a merge patch).
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|t| t.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let patch_type = PatchType::of(&content_type);
         // `kubectl get` asks for a Table.
         let table = req
             .headers()
@@ -908,45 +1241,18 @@ impl FakeKube {
                 }
             }
             (Method::POST, None, _) => {
-                let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+                let Ok(obj) = serde_json::from_slice::<Value>(&body) else {
                     return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
                 };
-                let ns = ns.unwrap_or_default();
-                let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-                if !ns.is_empty() {
-                    obj["metadata"]["namespace"] = ns.clone().into();
-                }
-                let warnings = match self.admit(c, "CREATE", &mut obj, None).await {
-                    Ok(w) => w,
-                    Err(r) => return refused(r),
-                };
-                let stored = {
-                    let mut inner = self.inner.lock().expect("lock");
-                    inner.log.push(format!("CREATE {plural} {name}"));
-                    let key = (c, ns, name.clone());
-                    if inner.objects.contains_key(&key) {
-                        None
-                    } else {
-                        obj["metadata"]["generation"] = 1.into();
-                        obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
-                        obj["metadata"]["creationTimestamp"] = now().into();
-                        Some(inner.commit(key, "ADDED", obj))
-                    }
-                };
-                let Some(obj) = stored else {
-                    return status_response(
-                        StatusCode::CONFLICT,
-                        "AlreadyExists",
-                        &format!("{plural} \"{name}\" already exists"),
-                    );
-                };
-                if c == DEPLOYMENTS {
-                    self.roll_out(&obj).await;
-                }
-                with_warnings(json_response(StatusCode::CREATED, &obj), &warnings)
+                self.create(c, ns.unwrap_or_default(), obj, &query).await
+            }
+            // Server-side apply: creates the object when it is missing.
+            (Method::PATCH, Some(name), None) if patch_type == Some(PatchType::Apply) => {
+                self.apply_patch(c, ns.unwrap_or_default(), name, &body, &query)
+                    .await
             }
             // Replace (optimistic concurrency on resourceVersion) and patch
-            // (JSON merge patch, or strategic merge patch).
+            // (JSON patch, merge patch, strategic merge patch).
             (method @ (Method::PUT | Method::PATCH), Some(name), None) => {
                 let Ok(body) = serde_json::from_slice::<Value>(&body) else {
                     return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
@@ -960,76 +1266,28 @@ impl FakeKube {
                         &format!("{plural} \"{name}\" not found"),
                     );
                 };
-                let conflict = || {
-                    status_response(
-                        StatusCode::CONFLICT,
-                        "Conflict",
-                        &format!("Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
-                    )
-                };
-                let mut obj = if method == Method::PUT {
+                let obj = if method == Method::PUT {
                     if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]
                     {
-                        return conflict();
+                        return conflict(plural, &name);
                     }
                     body
                 } else {
-                    let mut o = current.clone();
-                    if strategic {
-                        strategic_merge(&mut o, &body);
-                    } else {
-                        merge(&mut o, &body);
-                    }
-                    o
-                };
-                // The status is the status subresource's to change.
-                match current.get("status") {
-                    Some(st) => obj["status"] = st.clone(),
-                    None => {
-                        if let Some(m) = obj.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-                let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
-                let changed = current.get("spec") != obj.get("spec");
-                obj["metadata"]["generation"] = (generation + i64::from(changed)).into();
-                let warnings = match self.admit(c, "UPDATE", &mut obj, Some(&current)).await {
-                    Ok(w) => w,
-                    Err(r) => return refused(r),
-                };
-                let template_changed = obj["spec"] != current["spec"];
-                let stored = {
-                    let mut inner = self.inner.lock().expect("lock");
-                    inner.log.push(format!(
-                        "{} {plural} {name}",
-                        if method == Method::PUT {
-                            "REPLACE"
-                        } else {
-                            "PATCH"
-                        }
-                    ));
-                    // Changed by someone else while the webhooks ran.
-                    if inner
-                        .objects
-                        .get(&key)
-                        .map(|o| &o["metadata"]["resourceVersion"])
-                        != Some(&current["metadata"]["resourceVersion"])
-                    {
-                        None
-                    } else {
-                        Some(inner.commit(key, "MODIFIED", obj))
+                    match self.patched(c, &current, &body, patch_type) {
+                        Ok(o) => o,
+                        Err(r) => return r,
                     }
                 };
-                let Some(obj) = stored else {
-                    return conflict();
+                let verb = if method == Method::PUT {
+                    "REPLACE"
+                } else {
+                    "PATCH"
                 };
-                if c == DEPLOYMENTS && template_changed {
-                    self.roll_out(&obj).await;
-                }
-                with_warnings(json_response(StatusCode::OK, &obj), &warnings)
+                self.update(key, current, obj, verb, &query).await
             }
-            (Method::PATCH, Some(name), Some("status")) => {
+            (Method::PATCH, Some(name), Some("status"))
+                if self.crds.get(&c).is_none_or(|crd| crd.status_subresource) =>
+            {
                 let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
                     return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
                 };
@@ -1043,9 +1301,20 @@ impl FakeKube {
                         &format!("{plural} \"{name}\" not found"),
                     );
                 };
-                // The status subresource changes only status.
+                // The status subresource changes only status, which the
+                // schema checks as any write.
                 if let Some(status) = patch.get("status") {
                     merge(&mut obj["status"], status);
+                }
+                if let Some(crd) = self.crds.get(&c) {
+                    crd.prune_and_default(&mut obj);
+                    let errors = crd.validate(&obj, Some("status"));
+                    if !errors.is_empty() {
+                        return json_response(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            &crd.invalid(&name, &errors),
+                        );
+                    }
                 }
                 let obj = inner.commit(key, "MODIFIED", obj);
                 json_response(StatusCode::OK, &obj)
