@@ -40,6 +40,8 @@ pub struct Admin {
     pub app_probes: crate::app_probe::AppProbes,
     /// The AuthorizationPolicies the inbound listeners enforce.
     pub authz: Arc<crate::authz::Shared>,
+    /// The sidecar's mutual TLS: its certificate and inbound mode.
+    pub tls: Arc<crate::tls::Tls>,
 }
 
 /// How long the app has to answer a probe the sidecar makes for the
@@ -88,7 +90,7 @@ fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/ready" => {
-            let certified = crate::tls::mesh().is_none_or(|m| m.spiffe_id().is_some());
+            let certified = admin.tls.mesh().is_none_or(|m| m.spiffe_id().is_some());
             if !certified {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -200,10 +202,10 @@ fn config(admin: &Admin) -> serde_json::Value {
         .collect();
     let mut hosts: Vec<&str> = routing.hosts().collect();
     hosts.sort();
-    let mtls = crate::tls::mesh().map(|m| {
+    let mtls = admin.tls.mesh().map(|m| {
         json!({
             "spiffe_id": m.spiffe_id().map(|s| s.to_string()),
-            "inbound_mode": if crate::tls::strict() { "STRICT" } else { "PERMISSIVE" },
+            "inbound_mode": if admin.tls.strict() { "STRICT" } else { "PERMISSIVE" },
         })
     });
     json!({"node": admin.node_id, "zone": routing.zone, "ready": admin.ready.load(Ordering::Relaxed), "mtls": mtls, "authz": admin.authz.load().view(), "clusters": clusters, "hosts": hosts})

@@ -143,9 +143,11 @@ impl Counters {
     }
 }
 
-impl Default for Counters {
-    fn default() -> Self {
-        let loops = crate::upstream::EVENT_LOOPS.load(Ordering::Relaxed).max(1);
+impl Counters {
+    /// Counters sharded over `loops` event loops (one shard each, so that
+    /// a request's counting touches only its loop's cache lines).
+    fn on_loops(loops: usize) -> Self {
+        let loops = loops.max(1);
         Counters {
             shards: (0..loops).map(|_| Shard::default()).collect(),
             connect_failures: AtomicU64::new(0),
@@ -190,18 +192,25 @@ pub struct EndpointState {
 }
 
 impl EndpointState {
-    /// New state for `addr`, joined now (slow start applies).
+    /// New state for `addr`, joined now (slow start applies), served by one
+    /// event loop.
     pub fn new(addr: SocketAddr, pod: String) -> Arc<Self> {
-        Self::joined_at(addr, pod, clock::precise_ms())
+        Self::joined(addr, pod, 1)
+    }
+
+    /// New state for `addr`, joined now (slow start applies), its counters
+    /// and idle connections kept per event loop (`loops`).
+    pub fn joined(addr: SocketAddr, pod: String, loops: usize) -> Arc<Self> {
+        Self::joined_at(addr, pod, clock::precise_ms(), loops)
     }
 
     /// New state for an endpoint present when its cluster first arrived:
     /// no slow start.
-    pub fn present_from_start(addr: SocketAddr, pod: String) -> Arc<Self> {
-        Self::joined_at(addr, pod, 0)
+    pub fn present_from_start(addr: SocketAddr, pod: String, loops: usize) -> Arc<Self> {
+        Self::joined_at(addr, pod, 0, loops)
     }
 
-    fn joined_at(addr: SocketAddr, pod: String, joined_ms: u64) -> Arc<Self> {
+    fn joined_at(addr: SocketAddr, pod: String, joined_ms: u64, loops: usize) -> Arc<Self> {
         let text = addr.to_string();
         Arc::new(EndpointState {
             addr,
@@ -212,13 +221,13 @@ impl EndpointState {
             active: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             fail_until_ms: AtomicU64::new(0),
-            counters: Counters::default(),
+            counters: Counters::on_loops(loops),
             outlier: Default::default(),
             joined_ms: AtomicU64::new(joined_ms),
             hc_unhealthy: AtomicBool::new(false),
             hc_streak: AtomicU32::new(0),
             rtt: Ewma::default(),
-            pool: Default::default(),
+            pool: crate::pool::ConnPool::with_loops(loops),
         })
     }
 

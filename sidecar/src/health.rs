@@ -134,8 +134,7 @@ async fn probe(ep: &EndpointState, kind: Probe<'_>, timeout: Duration) -> bool {
                 body,
             );
             let conns = ConnPool::default();
-            let peer = ep.pool().peer();
-            conns.set_mtls(peer.is_some(), peer.as_ref().map_or(&[], |p| p.accounts()));
+            conns.set_peer(ep.pool().peer());
             return matches!(conns.send(ep.addr, &settings, &mut req, crate::clock::tick(), &mut || true).await, Ok(r) if r.status().is_success());
         }
         Probe::H2(path) => (Method::GET, path.to_string(), Bytes::new()),

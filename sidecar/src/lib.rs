@@ -119,6 +119,8 @@ struct Shared {
     pool_defaults: pool::PoolSettings,
     head_limits: proxy::HeadLimits,
     loops: usize,
+    /// Its mutual TLS: the identity (`--ca-root`) and the inbound mode.
+    tls: Arc<tls::Tls>,
 }
 
 /// Starts the sidecar: the admin server, the listeners, and the discovery,
@@ -127,7 +129,6 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     check_flags(&args)?;
     clock::start();
     let loops = event_loops(&args);
-    pool::set_event_loops(loops);
     let shared = Shared {
         node: node(&args),
         routing: Arc::new(ArcSwap::from_pointee(Routing::default())),
@@ -148,6 +149,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
             count: args.max_request_headers as usize,
         },
         loops,
+        tls: tls::Tls::new(mesh(&args)?),
     };
     let listeners = Listeners::new(&args, loops);
     let mut registry = prometheus_client::registry::Registry::default();
@@ -194,6 +196,19 @@ fn node(args: &Args) -> Node {
         // The discovery client keeps what an endpoints response leaves out.
         client_features: vec![minimesh_proto::PARTIAL_ENDPOINTS.to_string()],
     }
+}
+
+/// The mesh's TLS with `--ca-root` (the root that signs every sidecar's
+/// certificate, and the trust domain); none without.
+fn mesh(args: &Args) -> anyhow::Result<Option<Arc<tls::Mesh>>> {
+    let Some(path) = &args.ca_root else {
+        return Ok(None);
+    };
+    let pem = std::fs::read_to_string(path)
+        .with_context(|| format!("--ca-root: reading {}", path.display()))?;
+    let mesh = tls::Mesh::new(&pem, &args.trust_domain)
+        .with_context(|| format!("--ca-root {}", path.display()))?;
+    Ok(Some(Arc::new(mesh)))
 }
 
 /// Each listener's event loops (and connection limit), named as the
@@ -261,6 +276,7 @@ async fn serve_admin(
             debug_for_all: args.admin_debug,
             app_probes: args.app_probes.clone().unwrap_or_default(),
             authz: shared.authz.clone(),
+            tls: shared.tls.clone(),
         }),
     ));
     Ok(())
@@ -291,6 +307,7 @@ fn serve_listeners(
             debug_headers: args.debug_headers,
         }),
         authz: None,
+        tls: shared.tls.clone(),
     });
     let out_capture = args.capture.then(|| {
         Arc::new(listener::captured::Capture::new(
@@ -299,6 +316,7 @@ fn serve_listeners(
             args.connect_timeout,
             None,
             capture_metrics.clone(),
+            shared.tls.clone(),
         ))
     });
     serve_on_loops(
@@ -314,13 +332,19 @@ fn serve_listeners(
     if let (Some(inbound), Some(app)) = (args.inbound, args.app) {
         let listener = bind_reuseport(inbound, loops)
             .with_context(|| format!("binding inbound address {inbound}"))?;
-        let app_cluster =
-            routing::app_cluster(app, &args.workload, args.app_protocol, shared.pool_defaults);
+        let app_cluster = routing::app_cluster(
+            app,
+            &args.workload,
+            args.app_protocol,
+            shared.pool_defaults,
+            loops,
+        );
         let in_proxy = inbound_proxy(
             Routing::only(app_cluster),
             args,
             head_limits,
             (shared.authz.clone(), app.port()),
+            &shared.tls,
         );
         serve_on_loops(
             "inbound",
@@ -337,6 +361,7 @@ fn serve_listeners(
         let listener = bind_reuseport(addr, loops)
             .with_context(|| format!("binding inbound capture address {addr}"))?;
         let template = listener::captured::AppTemplate {
+            loops,
             workload: args.workload.clone(),
             authz: shared.authz.clone(),
             protocol: args.app_protocol,
@@ -351,6 +376,7 @@ fn serve_listeners(
             args.connect_timeout,
             Some(template),
             capture_metrics,
+            shared.tls.clone(),
         ));
         // Each connection goes to the app's proxy for its port (the
         // capture's); this one only carries the listener's settings.
@@ -359,6 +385,7 @@ fn serve_listeners(
             args,
             head_limits,
             (shared.authz.clone(), 0),
+            &shared.tls,
         );
         serve_on_loops(
             "inbound-capture",
@@ -409,19 +436,12 @@ fn start_control_plane_clients(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let channel = control_plane_channel(args)?;
     let mut tasks = Vec::new();
-    if let Some(path) = &args.ca_root {
-        let pem = std::fs::read_to_string(path)
-            .with_context(|| format!("--ca-root: reading {}", path.display()))?;
-        let mesh = Arc::new(
-            tls::Mesh::new(&pem, &args.trust_domain)
-                .with_context(|| format!("--ca-root {}", path.display()))?,
-        );
-        tls::install(mesh.clone());
+    if let Some(mesh) = shared.tls.mesh() {
         tasks.push(tokio::spawn(
             identity::Renewer {
                 channel: channel.clone(),
                 token_file: args.token_file.clone(),
-                mesh,
+                mesh: mesh.clone(),
             }
             .run(),
         ));
@@ -451,6 +471,8 @@ fn start_control_plane_clients(
         authz: shared.authz,
         pool_defaults: shared.pool_defaults,
         token_file: args.token_file.clone(),
+        tls: shared.tls,
+        event_loops: shared.loops,
     };
     tasks.push(tokio::spawn(xds.run()));
     Ok(tasks)
@@ -463,6 +485,7 @@ fn inbound_proxy(
     args: &Args,
     head_limits: proxy::HeadLimits,
     (authz, app_port): (Arc<authz::Shared>, u16),
+    tls: &Arc<tls::Tls>,
 ) -> Arc<Proxy> {
     Arc::new(Proxy {
         routing: Arc::new(ArcSwap::from_pointee(routing)),
@@ -474,6 +497,7 @@ fn inbound_proxy(
         inbound: true,
         edge: None,
         authz: Some((authz, app_port)),
+        tls: tls.clone(),
     })
 }
 

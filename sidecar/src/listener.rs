@@ -160,7 +160,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one client connection on this loop, counted against it until it
 /// ends, and drained with the others at shutdown. The inbound listener
-/// first sorts it by the mutual TLS mode ([`crate::tls::accept_inbound`]).
+/// first sorts it by the mutual TLS mode ([`crate::tls::Tls::accept_inbound`]).
 /// A plaintext connection whose first bytes are not HTTP/2's preface
 /// ([`sniff`]) is served by hyper's HTTP/1.1 server directly; HTTP/2, TLS,
 /// and a client whose first bytes do not tell yet, by hyper-util's `auto`
@@ -199,7 +199,11 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
     tokio::spawn(async move {
         let _open = open;
         let io = if inbound {
-            match crate::tls::accept_inbound(stream, peer, HANDSHAKE_TIMEOUT).await {
+            match proxy
+                .tls
+                .accept_inbound(stream, peer, HANDSHAKE_TIMEOUT)
+                .await
+            {
                 Some(io) => io,
                 None => return,
             }
@@ -264,7 +268,8 @@ async fn serve_http(
     } = conn;
     // A plaintext inbound connection (PERMISSIVE) ends when the mode
     // becomes STRICT, as at shutdown.
-    let closes_on_strict = proxy.inbound && matches!(io, crate::tls::Io::Plain(_));
+    let closes_on_strict =
+        (proxy.inbound && matches!(io, crate::tls::Io::Plain(_))).then(|| proxy.tls.clone());
     // Who the mutual TLS peer is, once per connection, for an inbound
     // listener's authorization.
     let caller: Option<Arc<str>> = match proxy.authz {
@@ -280,7 +285,7 @@ async fn serve_http(
             });
             let conn = config.http1().serve_connection(io, svc);
             let watch = Watch {
-                shutdown: closes_on_strict.then_some(shutdown),
+                shutdown: closes_on_strict.is_some().then_some(shutdown),
                 strict: closes_on_strict,
                 idle: None,
             };
@@ -315,7 +320,9 @@ async fn serve_http(
 /// one, `strict`), and its idle bound (`idle`: its activity and timeout).
 struct Watch {
     shutdown: Option<watch::Receiver<bool>>,
-    strict: bool,
+    /// A plaintext inbound connection closes when this sidecar's mode
+    /// becomes STRICT.
+    strict: Option<Arc<crate::tls::Tls>>,
     idle: Option<(Arc<idle::Activity>, Duration)>,
 }
 
@@ -383,6 +390,14 @@ impl Config {
     }
 }
 
+/// Resolves once `tls` is STRICT (never without one).
+async fn became_strict(tls: &Option<Arc<crate::tls::Tls>>) {
+    match tls {
+        Some(tls) => tls.became_strict().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Serves `conn` until it ends, counted by `counted` and gracefully closed
 /// when the drain starts; as `watch` says, also when STRICT mutual TLS
 /// comes into force (requests in flight answered, then the close or
@@ -421,7 +436,7 @@ where
                 }
                 return;
             }
-            _ = crate::tls::became_strict(), if watch.strict && !closing => {
+            _ = became_strict(&watch.strict), if watch.strict.is_some() && !closing => {
                 debug!(%peer, "closing a plaintext connection: STRICT mutual TLS is now in force");
                 conn.as_mut().graceful_shutdown();
                 closing = true;

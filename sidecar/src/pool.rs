@@ -33,10 +33,9 @@ use tracing::debug;
 
 pub use crate::h1::UpstreamBody;
 use crate::h1::{self, Conn};
-use crate::upstream::{event_loop, EVENT_LOOPS};
+use crate::upstream::event_loop;
 pub use crate::upstream::{
-    set_event_loop, set_event_loops, PoolSettings, UpstreamError, DEFAULT_IDLE_TIMEOUT,
-    MAX_BUFFERED_BODY,
+    set_event_loop, PoolSettings, UpstreamError, DEFAULT_IDLE_TIMEOUT, MAX_BUFFERED_BODY,
 };
 
 /// Idle connections kept per endpoint at most (over all its loops' stacks);
@@ -96,7 +95,7 @@ pub struct ConnPool {
 
 impl Default for ConnPool {
     fn default() -> Self {
-        ConnPool::with_loops(EVENT_LOOPS.load(Ordering::Relaxed))
+        ConnPool::with_loops(1)
     }
 }
 
@@ -130,7 +129,8 @@ pub struct Lease {
 }
 
 impl ConnPool {
-    fn with_loops(loops: usize) -> Self {
+    /// A pool keeping idle connections per event loop (`loops`).
+    pub fn with_loops(loops: usize) -> Self {
         ConnPool {
             idle: (0..loops.max(1)).map(|_| Stack::default()).collect(),
             open: Arc::default(),
@@ -139,20 +139,28 @@ impl ConnPool {
         }
     }
 
-    /// Whether new connections are mutual TLS (the endpoint runs a sidecar),
-    /// and to which identities (`namespace/service account`; none: any of
-    /// the trust domain). Unchanged, the count of refusals is kept.
-    pub fn set_mtls(&self, on: bool, accounts: &[String]) {
+    /// Whether new connections are mutual TLS (the endpoint runs a sidecar,
+    /// and this one has the mesh's TLS, `mesh`), and to which identities
+    /// (`namespace/service account`; none: any of the trust domain).
+    /// Unchanged, the count of refusals is kept.
+    pub fn set_mtls(&self, on: bool, accounts: &[String], mesh: Option<&Arc<crate::tls::Mesh>>) {
+        let mesh = mesh.filter(|_| on);
         let current = self.peer.load();
-        let same = match (&*current, on) {
-            (None, false) => true,
-            (Some(p), true) => p.accounts() == accounts,
+        let same = match (&*current, mesh) {
+            (None, None) => true,
+            (Some(p), Some(_)) => p.accounts() == accounts,
             _ => false,
         };
         if !same {
-            self.peer
-                .store(on.then(|| Arc::new(crate::tls::Peer::new(accounts.to_vec()))));
+            self.peer.store(
+                mesh.map(|m| Arc::new(crate::tls::Peer::dialed_with(accounts.to_vec(), m.clone()))),
+            );
         }
+    }
+
+    /// New connections expect what `peer` says (another pool's, shared).
+    pub fn set_peer(&self, peer: Option<Arc<crate::tls::Peer>>) {
+        self.peer.store(peer);
     }
 
     /// What new connections expect of the endpoint: None, plaintext.

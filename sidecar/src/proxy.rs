@@ -109,6 +109,8 @@ pub struct Proxy {
     /// An inbound listener's authorization policies, and the app's port
     /// they see requests on. None for the outbound listener.
     pub authz: Option<(Arc<crate::authz::Shared>, u16)>,
+    /// The sidecar's mutual TLS (an inbound listener's mode and identity).
+    pub tls: Arc<crate::tls::Tls>,
 }
 
 impl Proxy {

@@ -134,6 +134,7 @@ pub fn app_cluster(
     workload: &str,
     protocol: UpstreamProtocol,
     pool: PoolSettings,
+    loops: usize,
 ) -> Arc<ClusterHandle> {
     Arc::new(ClusterHandle {
         name: "inbound|app".into(),
@@ -141,7 +142,7 @@ pub fn app_cluster(
         balancer: Balancer::new(
             Policy::LeastRequest,
             0,
-            vec![(EndpointState::new(addr, workload.to_string()), 1)],
+            vec![(EndpointState::joined(addr, workload.to_string(), loops), 1)],
         ),
         retry_attempts: 0,
         timeout: None,

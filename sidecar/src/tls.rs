@@ -13,7 +13,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -42,55 +42,94 @@ pub struct Mesh {
     server: Arc<ServerConfig>,
 }
 
-static MESH: OnceLock<Arc<Mesh>> = OnceLock::new();
-
-/// The inbound mode in force (a [`MtlsMode`] as u8); PERMISSIVE until the
-/// control plane says otherwise.
-static INBOUND_MODE: AtomicU8 = AtomicU8::new(MtlsMode::MtlsPermissive as u8);
-
-/// The process's mesh TLS, once [`install`]ed (`--ca-root`).
-pub fn mesh() -> Option<&'static Arc<Mesh>> {
-    MESH.get()
+/// This sidecar's mutual TLS: its identity (with `--ca-root`) and the
+/// inbound mode the control plane sets. One value per sidecar, passed to the
+/// listeners, the discovery client and the admin server: two sidecars in one
+/// process keep theirs apart.
+pub struct Tls {
+    mesh: Option<Arc<Mesh>>,
+    /// The inbound mode in force (a [`MtlsMode`] as u8); PERMISSIVE until
+    /// the control plane says otherwise.
+    mode: AtomicU8,
+    /// True while STRICT: what plaintext inbound connections watch, to close
+    /// (gracefully) when the mode becomes STRICT.
+    strict: tokio::sync::watch::Sender<bool>,
 }
 
-/// Makes `mesh` the process's.
-pub fn install(mesh: Arc<Mesh>) {
-    let _ = MESH.set(mesh);
-}
+impl Tls {
+    /// A sidecar's TLS: with `mesh`, it dials and serves mutual TLS.
+    pub fn new(mesh: Option<Arc<Mesh>>) -> Arc<Tls> {
+        Arc::new(Tls {
+            mesh,
+            mode: AtomicU8::new(MtlsMode::MtlsPermissive as u8),
+            strict: tokio::sync::watch::Sender::new(false),
+        })
+    }
 
-/// True while STRICT: what plaintext inbound connections watch, to close
-/// (gracefully) when the mode becomes STRICT.
-static STRICT: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
-    std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(false));
+    /// The mesh's TLS, with `--ca-root`.
+    pub fn mesh(&self) -> Option<&Arc<Mesh>> {
+        self.mesh.as_ref()
+    }
 
-/// Resolves once the inbound mode is STRICT.
-pub async fn became_strict() {
-    let mut rx = STRICT.subscribe();
-    let _ = rx.wait_for(|strict| *strict).await;
-}
+    /// Resolves once the inbound mode is STRICT.
+    pub async fn became_strict(&self) {
+        let mut rx = self.strict.subscribe();
+        let _ = rx.wait_for(|strict| *strict).await;
+    }
 
-/// Sets the inbound listener's mode: STRICT, or PERMISSIVE for anything else.
-pub fn set_inbound_mode(mode: MtlsMode) {
-    let mode = match mode {
-        MtlsMode::MtlsStrict => MtlsMode::MtlsStrict,
-        _ => MtlsMode::MtlsPermissive,
-    };
-    let old = INBOUND_MODE.swap(mode as u8, Ordering::Relaxed);
-    STRICT.send_if_modified(|strict| {
-        let now = mode == MtlsMode::MtlsStrict;
-        std::mem::replace(strict, now) != now
-    });
-    if old != mode as u8 {
-        tracing::info!(mode = mode.as_str_name(), "inbound mutual TLS mode");
-        if mode == MtlsMode::MtlsStrict && mesh().is_none() {
-            tracing::warn!("STRICT mutual TLS is in force but this sidecar has no --ca-root: every inbound connection is refused");
+    /// Sets the inbound listener's mode: STRICT, or PERMISSIVE for anything else.
+    pub fn set_inbound_mode(&self, mode: MtlsMode) {
+        let mode = match mode {
+            MtlsMode::MtlsStrict => MtlsMode::MtlsStrict,
+            _ => MtlsMode::MtlsPermissive,
+        };
+        let old = self.mode.swap(mode as u8, Ordering::Relaxed);
+        self.strict.send_if_modified(|strict| {
+            let now = mode == MtlsMode::MtlsStrict;
+            std::mem::replace(strict, now) != now
+        });
+        if old != mode as u8 {
+            tracing::info!(mode = mode.as_str_name(), "inbound mutual TLS mode");
+            if mode == MtlsMode::MtlsStrict && self.mesh.is_none() {
+                tracing::warn!("STRICT mutual TLS is in force but this sidecar has no --ca-root: every inbound connection is refused");
+            }
         }
     }
-}
 
-/// The inbound listener's mode now.
-pub fn strict() -> bool {
-    INBOUND_MODE.load(Ordering::Relaxed) == MtlsMode::MtlsStrict as u8
+    /// The inbound listener's mode now.
+    pub fn strict(&self) -> bool {
+        self.mode.load(Ordering::Relaxed) == MtlsMode::MtlsStrict as u8
+    }
+
+    /// An inbound connection as the mode allows it: TLS (its client
+    /// authenticated), plaintext (PERMISSIVE), or None (refused: STRICT and
+    /// plaintext, a failed handshake, or nothing sent within `within`).
+    pub async fn accept_inbound(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        within: Duration,
+    ) -> Option<Io> {
+        let sorted = async {
+            let mut first = [0u8; 1];
+            let n = tcp.peek(&mut first).await.ok()?;
+            match (n, first[0], &self.mesh) {
+                (1, TLS_HANDSHAKE, Some(m)) => match m.accept(tcp).await {
+                    Ok(io) => Some(io),
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "inbound TLS handshake failed");
+                        None
+                    }
+                },
+                _ if self.strict() => {
+                    tracing::debug!(%peer, "plaintext connection refused (STRICT mutual TLS)");
+                    None
+                }
+                _ => Some(Io::Plain(tcp)),
+            }
+        };
+        tokio::time::timeout(within, sorted).await.ok().flatten()
+    }
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -211,12 +250,24 @@ impl Mesh {
 /// What a caller expects of an endpoint that runs a sidecar: a server
 /// certificate naming one of its pod's identities (secure naming), and the
 /// count of those refused. Shared by the endpoint's connections.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Peer {
     /// `namespace/service account` pairs; empty: any of the trust domain.
     accounts: Vec<String>,
+    /// The caller's mesh TLS, which dials the endpoint (none: plaintext).
+    mesh: Option<Arc<Mesh>>,
     refused: std::sync::atomic::AtomicU64,
     logged: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("accounts", &self.accounts)
+            .field("mtls", &self.mesh.is_some())
+            .field("refused", &self.refused())
+            .finish()
+    }
 }
 
 impl Peer {
@@ -224,6 +275,15 @@ impl Peer {
     pub fn new(accounts: Vec<String>) -> Peer {
         Peer {
             accounts,
+            ..Peer::default()
+        }
+    }
+
+    /// The same, dialed with `mesh` (a sidecar's own mesh TLS).
+    pub fn dialed_with(accounts: Vec<String>, mesh: Arc<Mesh>) -> Peer {
+        Peer {
+            accounts,
+            mesh: Some(mesh),
             ..Peer::default()
         }
     }
@@ -298,9 +358,9 @@ pub async fn dial(
     let dial = async {
         let tcp = TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
-        match (mesh(), peer) {
-            (Some(m), Some(peer)) => m.connect(tcp, addr, alpn, peer).await,
-            _ => Ok(Io::Plain(tcp)),
+        match peer.and_then(|p| Some((p.mesh.as_ref()?, p))) {
+            Some((m, peer)) => m.connect(tcp, addr, alpn, peer).await,
+            None => Ok(Io::Plain(tcp)),
         }
     };
     match tokio::time::timeout(timeout, dial).await {
@@ -311,31 +371,6 @@ pub async fn dial(
 
 /// The first byte of every TLS connection (a handshake record).
 const TLS_HANDSHAKE: u8 = 0x16;
-
-/// An inbound connection as the mode allows it: TLS (its client
-/// authenticated), plaintext (PERMISSIVE), or None (refused: STRICT and
-/// plaintext, a failed handshake, or nothing sent within `within`).
-pub async fn accept_inbound(tcp: TcpStream, peer: SocketAddr, within: Duration) -> Option<Io> {
-    let sorted = async {
-        let mut first = [0u8; 1];
-        let n = tcp.peek(&mut first).await.ok()?;
-        match (n, first[0], mesh()) {
-            (1, TLS_HANDSHAKE, Some(m)) => match m.accept(tcp).await {
-                Ok(io) => Some(io),
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "inbound TLS handshake failed");
-                    None
-                }
-            },
-            _ if strict() => {
-                tracing::debug!(%peer, "plaintext connection refused (STRICT mutual TLS)");
-                None
-            }
-            _ => Some(Io::Plain(tcp)),
-        }
-    };
-    tokio::time::timeout(within, sorted).await.ok().flatten()
-}
 
 /// Resolves to the current certificate, for both ends of a connection.
 #[derive(Debug)]

@@ -3,7 +3,6 @@
 //! settings, the errors of sending a request, and which event loop a thread
 //! runs. It depends on neither, so that the three form no import cycle.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::h1;
@@ -105,15 +104,6 @@ impl UpstreamError {
 thread_local! {
     /// Which event loop this thread runs (see [`set_event_loop`]).
     static EVENT_LOOP: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
-}
-
-/// How many event loops there are; pools made from now on keep a stack per
-/// loop. Set once at startup, before any endpoint exists.
-pub(crate) static EVENT_LOOPS: AtomicUsize = AtomicUsize::new(1);
-
-/// Sets how many event loops serve requests (see [`EVENT_LOOPS`]).
-pub fn set_event_loops(n: usize) {
-    EVENT_LOOPS.store(n.clamp(1, u16::MAX as usize), Ordering::Relaxed);
 }
 
 /// Names the event loop of this thread. A connection's I/O runs on the loop

@@ -198,6 +198,7 @@ fn proxy(cluster: Arc<ClusterHandle>, edge: bool) -> Arc<Proxy> {
             debug_headers: false,
         }),
         authz,
+        tls: crate::tls::Tls::new(None),
     })
 }
 

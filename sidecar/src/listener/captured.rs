@@ -61,10 +61,14 @@ pub struct Capture {
     /// Inbound: what the app's proxies are made from.
     pub app: Option<AppTemplate>,
     apps: Mutex<HashMap<u16, Arc<Proxy>>>,
+    /// The sidecar's mutual TLS (inbound: the mode and identity).
+    tls: Arc<crate::tls::Tls>,
 }
 
 /// What an inbound HTTP proxy to one of the app's ports is made of.
 pub struct AppTemplate {
+    /// The sidecar's event loops.
+    pub loops: usize,
     /// The pod (workload) name, the app endpoint's name.
     pub workload: String,
     /// The HTTP version spoken to the app.
@@ -89,8 +93,10 @@ impl Capture {
         connect_timeout: Duration,
         app: Option<AppTemplate>,
         metrics: CaptureMetrics,
+        tls: Arc<crate::tls::Tls>,
     ) -> Capture {
         Capture {
+            tls,
             side,
             detect_timeout,
             connect_timeout,
@@ -112,7 +118,7 @@ impl Capture {
             return None;
         }
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let cluster = routing::app_cluster(addr, &t.workload, t.protocol, t.pool);
+        let cluster = routing::app_cluster(addr, &t.workload, t.protocol, t.pool, t.loops);
         let proxy = Arc::new(Proxy {
             routing: Arc::new(ArcSwap::from_pointee(Routing::only(cluster))),
             ready: Arc::new(AtomicBool::new(true)),
@@ -123,6 +129,7 @@ impl Capture {
             inbound: true,
             edge: None,
             authz: Some((t.authz.clone(), port)),
+            tls: self.tls.clone(),
         });
         apps.insert(port, proxy.clone());
         Some(proxy)
@@ -245,7 +252,11 @@ async fn outbound(
 /// A caller's connection to the app's port `dst.port()`.
 async fn inbound(stream: tokio::net::TcpStream, dst: SocketAddr, capture: &Capture, conn: Conn) {
     let peer = conn.peer;
-    let Some(io) = crate::tls::accept_inbound(stream, peer, HANDSHAKE_TIMEOUT).await else {
+    let Some(io) = capture
+        .tls
+        .accept_inbound(stream, peer, HANDSHAKE_TIMEOUT)
+        .await
+    else {
         capture.metrics.count(Side::Inbound, "refused", None);
         return;
     };

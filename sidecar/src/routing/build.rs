@@ -63,6 +63,12 @@ pub struct Resources {
     retries_inflight: HashMap<String, Arc<std::sync::atomic::AtomicU32>>,
     budgets: HashMap<String, Arc<crate::retry::Budget>>,
     picks: HashMap<String, Arc<PickHistogram>>,
+    /// This sidecar's mesh TLS, which dials the endpoints that run a
+    /// sidecar (none: every endpoint plaintext).
+    mesh: Option<Arc<crate::tls::Mesh>>,
+    /// The sidecar's event loops: each endpoint keeps its counters and idle
+    /// connections per loop.
+    loops: usize,
 }
 
 /// A cluster as last built.
@@ -200,6 +206,17 @@ impl Resources {
             .unwrap_or_default()
     }
 
+    /// The resources of a sidecar served by `loops` event loops, whose
+    /// endpoints that run a sidecar are dialed with `mesh` (its mesh TLS;
+    /// none: plaintext).
+    pub fn of_sidecar(mesh: Option<Arc<crate::tls::Mesh>>, loops: usize) -> Resources {
+        Resources {
+            mesh,
+            loops,
+            ..Resources::default()
+        }
+    }
+
     /// Builds the routing table for the proxy `node` (short names resolve
     /// in its namespace; zone failover prefers its zone, see
     /// [`Resources::zone_of`]); `defaults` are the connection settings of
@@ -282,13 +299,15 @@ impl Resources {
                 };
                 let state = old.get(&addr).cloned().unwrap_or_else(|| {
                     if known_cluster {
-                        EndpointState::new(addr, e.pod.clone())
+                        EndpointState::joined(addr, e.pod.clone(), self.loops)
                     } else {
                         // Present when the cluster first arrived: no slow start.
-                        EndpointState::present_from_start(addr, e.pod.clone())
+                        EndpointState::present_from_start(addr, e.pod.clone(), self.loops)
                     }
                 });
-                state.pool().set_mtls(e.mtls, &e.service_accounts);
+                state
+                    .pool()
+                    .set_mtls(e.mtls, &e.service_accounts, self.mesh.as_ref());
                 kept.insert(addr, state.clone());
                 weights.insert(addr, e.weight.max(1));
                 eps.push((state, e.weight.max(1)));

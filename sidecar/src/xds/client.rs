@@ -55,12 +55,17 @@ pub struct XdsClient {
     pub pool_defaults: crate::pool::PoolSettings,
     /// The workload's token (`--token-file`), sent when the file exists.
     pub token_file: std::path::PathBuf,
+    /// The sidecar's mutual TLS: the inbound mode is set here; its mesh
+    /// TLS dials the endpoints that run a sidecar.
+    pub tls: Arc<crate::tls::Tls>,
+    /// How many event loops serve the proxy listeners.
+    pub event_loops: usize,
 }
 
 impl XdsClient {
     /// Runs forever, reconnecting as needed.
     pub async fn run(self) {
-        let mut resources = Resources::default();
+        let mut resources = Resources::of_sidecar(self.tls.mesh().cloned(), self.event_loops);
         let mut health = crate::health::HealthCheckers::default();
         let mut versions: BTreeMap<&'static str, String> = BTreeMap::new();
         let mut backoff = BASE_BACKOFF;
@@ -130,7 +135,8 @@ impl XdsClient {
                 continue;
             };
             let applied = if t == PEER_AUTH_TYPE {
-                inbound_mode(&resp, &self.node.namespace).map(crate::tls::set_inbound_mode)
+                inbound_mode(&resp, &self.node.namespace)
+                    .map(|mode| self.tls.set_inbound_mode(mode))
             } else if t == AUTHZ_TYPE {
                 decode_all::<minimesh_proto::v1::Authorization>(&resp).map(|all| {
                     let a = crate::authz::Authz::compile(
