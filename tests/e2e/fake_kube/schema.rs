@@ -112,7 +112,8 @@ impl Crd {
                 "name": name, "group": self.group, "kind": self.kind,
                 "causes": errors.iter().map(|(f, reason, d)| json!({
                     "reason": reason,
-                    "message": d.split_once(": ").map_or(d.as_str(), |(_, rest)| rest),
+                    // The error's body, as `field.Error.ErrorBody()`.
+                    "message": d,
                     "field": f,
                 })).collect::<Vec<_>>(),
             },
