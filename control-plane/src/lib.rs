@@ -50,6 +50,15 @@ use crate::store::Store;
 
 /// Runs the control plane until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    run_until(args, shutdown_signal()).await
+}
+
+/// Runs the control plane until `shutdown` resolves, then drains as on
+/// SIGTERM (a test runs several in one process this way).
+pub async fn run_until(
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     check_source_flags(&args)?;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -78,7 +87,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         source.computes,
         core.weights.clone(),
     ));
-    serve_discovery(&args, &core, metrics, source.identity, source.forward).await?;
+    let (identity, forward) = (source.identity, source.forward);
+    serve_discovery(&args, &core, metrics, identity, forward, shutdown).await?;
     if let Some((client, lease, campaign)) = source.election {
         campaign.abort();
         let _ = campaign.await;
@@ -396,6 +406,7 @@ async fn serve_discovery(
     metrics: Metrics,
     identity: Option<(ca::Ca, ca::service::Auth)>,
     forward: Option<tokio::sync::mpsc::Sender<minimesh_proto::v1::LoadStatsRequest>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
         .await
@@ -432,7 +443,7 @@ async fn serve_discovery(
         lrs,
         certificates,
         tls,
-        drained(shutdown_signal(), drain, core.admin.clone()),
+        drained(shutdown, drain, core.admin.clone()),
     )
     .await
     .context("discovery server")
