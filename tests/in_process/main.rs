@@ -80,9 +80,11 @@ async fn app(addr: SocketAddr, name: &'static str) {
 /// and body, or None when the connection failed.
 async fn get(proxy: SocketAddr, host: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(proxy).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.ok()?;
     let text = String::from_utf8_lossy(&out).to_string();
