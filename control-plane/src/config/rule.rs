@@ -430,12 +430,13 @@ pub use minimesh_proto::Policy;
 
 mod load_balancer;
 mod resolve;
+mod resolved;
 mod subsets;
 mod validate;
 
 pub use load_balancer::*;
 
-pub use resolve::{Resolved, TlsMode};
+pub use resolved::{Resolved, TlsMode};
 pub use subsets::{subsets, Subset};
 pub use validate::*;
 
