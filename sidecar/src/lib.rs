@@ -36,7 +36,6 @@ pub mod tls;
 pub mod upstream;
 pub mod xds;
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,7 +292,7 @@ fn serve_listeners(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let (loops, head_limits) = (shared.loops, shared.head_limits);
     let mut servers = Vec::new();
-    let outbound = bind_reuseport(args.outbound, loops)
+    let outbound = listener::sockets::bind_reuseport(args.outbound, loops)
         .with_context(|| format!("binding outbound address {}", args.outbound))?;
     let out_proxy = Arc::new(Proxy {
         routing: shared.routing.clone(),
@@ -319,7 +318,7 @@ fn serve_listeners(
             shared.tls.clone(),
         ))
     });
-    serve_on_loops(
+    listener::sockets::serve_on_loops(
         listeners.name,
         outbound,
         listeners.outbound,
@@ -330,7 +329,7 @@ fn serve_listeners(
     )?;
 
     if let (Some(inbound), Some(app)) = (args.inbound, args.app) {
-        let listener = bind_reuseport(inbound, loops)
+        let listener = listener::sockets::bind_reuseport(inbound, loops)
             .with_context(|| format!("binding inbound address {inbound}"))?;
         let app_cluster = routing::app_cluster(
             app,
@@ -346,7 +345,7 @@ fn serve_listeners(
             (shared.authz.clone(), app.port()),
             &shared.tls,
         );
-        serve_on_loops(
+        listener::sockets::serve_on_loops(
             "inbound",
             listener,
             listeners.inbound,
@@ -358,7 +357,7 @@ fn serve_listeners(
     }
 
     if let Some(addr) = args.inbound_capture {
-        let listener = bind_reuseport(addr, loops)
+        let listener = listener::sockets::bind_reuseport(addr, loops)
             .with_context(|| format!("binding inbound capture address {addr}"))?;
         let template = listener::captured::AppTemplate {
             loops,
@@ -387,7 +386,7 @@ fn serve_listeners(
             (shared.authz.clone(), 0),
             &shared.tls,
         );
-        serve_on_loops(
+        listener::sockets::serve_on_loops(
             "inbound-capture",
             listener,
             listeners.capture,
@@ -525,96 +524,4 @@ pub fn event_loops(args: &Args) -> usize {
         (Some(n), _) => n,
         (None, _) => 1,
     }
-}
-
-/// Binds `n` listening sockets on `addr` with SO_REUSEPORT (the kernel
-/// spreads new connections over them), or one plain socket when `n` is 1.
-///
-/// SO_REUSEPORT would also let another process of the same user join the
-/// group: a second mesh's gateway on the same address would silently take
-/// a share of the new connections. So the address is first bound once
-/// without it, which fails, as a plain bind does, while anything listens
-/// there.
-fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net::TcpSocket>> {
-    let socket = || {
-        let s = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()?
-        } else {
-            tokio::net::TcpSocket::new_v6()?
-        };
-        s.set_reuseaddr(true)?;
-        Ok::<_, std::io::Error>(s)
-    };
-    let in_use = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::AddrInUse {
-            std::io::Error::new(e.kind(), format!("{e}: another process listens there"))
-        } else {
-            e
-        }
-    };
-    if n > 1 {
-        socket()?.bind(addr).map_err(in_use)?;
-    }
-    (0..n.max(1))
-        .map(|_| {
-            let s = socket()?;
-            if n > 1 {
-                s.set_reuseport(true)?;
-            }
-            s.bind(addr).map_err(in_use)?;
-            Ok(s)
-        })
-        .collect()
-}
-
-/// Serves `proxy` on each socket: the first on this runtime, each other on
-/// a thread of its own with a single-threaded runtime (thread per core, as
-/// nginx's workers: no work stealing, no cross-thread wake-ups per request).
-/// Endpoint state and config are shared; each loop accepts its own
-/// connections and hands one to another loop that serves fewer (see
-/// [`listener::Loops`]).
-fn serve_on_loops(
-    name: &'static str,
-    sockets: Vec<tokio::net::TcpSocket>,
-    loops: Arc<listener::Loops>,
-    (proxy, capture): (Arc<Proxy>, Option<Arc<listener::captured::Capture>>),
-    stop: &watch::Receiver<bool>,
-    drain: std::time::Duration,
-    servers: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> anyhow::Result<()> {
-    const BACKLOG: u32 = 1024;
-    for (i, socket) in sockets.into_iter().enumerate() {
-        let (proxy, stop, loops) = (proxy.clone(), stop.clone(), loops.clone());
-        let capture = capture.clone();
-        if i == 0 {
-            let listener = socket.listen(BACKLOG)?;
-            servers.push(tokio::spawn(listener::serve(
-                name, listener, proxy, capture, stop, drain, loops, i,
-            )));
-            continue;
-        }
-        let thread = std::thread::Builder::new()
-            .name(format!("{name}-{i}"))
-            .spawn(move || {
-                pool::set_event_loop(i as u16);
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => return tracing::warn!(listener = name, error = %e, "cannot start an event loop"),
-                };
-                rt.block_on(async move {
-                    match socket.listen(BACKLOG) {
-                        Ok(listener) => listener::serve(name, listener, proxy, capture, stop, drain, loops, i).await,
-                        Err(e) => tracing::warn!(listener = name, error = %e, "cannot listen"),
-                    }
-                });
-            })
-            .context("starting an event-loop thread")?;
-        servers.push(tokio::spawn(async move {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }));
-    }
-    Ok(())
 }

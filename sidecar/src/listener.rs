@@ -21,6 +21,7 @@ mod drain;
 mod idle;
 mod orig_dst;
 mod sniff;
+pub(crate) mod sockets;
 use captured::Capture;
 use drain::{Drain, Drained, Graceful};
 use sniff::Speaks;
