@@ -20,10 +20,11 @@ use crate::pool::PoolSettings;
 mod build;
 mod host_map;
 pub mod routes;
-use build::DestinationMap;
+mod tables;
 pub use build::{validate_cluster, validate_endpoints, validate_route, HostAliases, Resources};
 use host_map::HostMap;
 use routes::RouteTable;
+use tables::DestinationMap;
 
 /// Where a request goes: a cluster, or a Service port's routes.
 pub enum Target<'a> {
