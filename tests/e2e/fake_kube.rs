@@ -801,7 +801,7 @@ impl FakeKube {
         if !ns.is_empty() {
             obj["metadata"]["namespace"] = ns.clone().into();
         }
-        let mut warnings = match self.decode(c, &name, &mut obj, None, query) {
+        let mut warnings = match self.decode(c, &name, &mut obj, query) {
             Ok(w) => w,
             Err(r) => return r,
         };
@@ -856,7 +856,7 @@ impl FakeKube {
                 }
             }
         }
-        let mut warnings = match self.decode(c, &name, &mut obj, Some(&current), query) {
+        let mut warnings = match self.decode(c, &name, &mut obj, query) {
             Ok(w) => w,
             Err(r) => return r,
         };
@@ -968,19 +968,22 @@ impl FakeKube {
         let managed = (c, ns.clone(), name.clone(), manager);
         let current = self.inner.lock().expect("lock").objects.get(&key).cloned();
         let previous = self.applied.lock().expect("lock").get(&managed).cloned();
-        self.applied
-            .lock()
-            .expect("lock")
-            .insert(managed, config.clone());
-        let Some(current) = current else {
-            return self.create(c, ns, config, query).await;
+        let response = match current {
+            None => self.create(c, ns, config.clone(), query).await,
+            Some(current) => {
+                let mut obj = current.clone();
+                if let Some(previous) = previous {
+                    unapply(&mut obj, &previous, &config);
+                }
+                merge(&mut obj, &config);
+                self.update(key, current, obj, "APPLY", query).await
+            }
         };
-        let mut obj = current.clone();
-        if let Some(previous) = previous {
-            unapply(&mut obj, &previous, &config);
+        // What the manager owns from now on: what it applied, once stored.
+        if response.status().is_success() {
+            self.applied.lock().expect("lock").insert(managed, config);
         }
-        merge(&mut obj, &config);
-        self.update(key, current, obj, "APPLY", query).await
+        response
     }
 
     /// The server's decoding of a write of a custom resource: unknown
@@ -993,7 +996,6 @@ impl FakeKube {
         c: usize,
         name: &str,
         obj: &mut Value,
-        _current: Option<&Value>,
         query: &BTreeMap<String, String>,
     ) -> Result<Vec<String>, Response<Body>> {
         let Some(crd) = self.crds.get(&c) else {
