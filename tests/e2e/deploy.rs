@@ -383,6 +383,13 @@ fn assert_sound_shell(script: &std::path::Path) {
     }
 }
 
+/// The script that shows every RBAC rule is needed (run by hand: about 20
+/// minutes) is sound shell.
+#[test]
+fn rbac_rules_script_is_sound_shell() {
+    assert_sound_shell(&root().join("scripts/rbac-rules-needed.sh"));
+}
+
 /// The PGO build script (run whole by `.ci/run`): sound shell, its usage
 /// from `--help`, and a clear error for an argument it does not know.
 #[test]

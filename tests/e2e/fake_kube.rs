@@ -29,14 +29,21 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 mod admission;
+mod auth;
 mod kubectl;
 pub mod rbac;
+mod reads;
+mod rollout;
 pub mod schema;
 pub mod wire;
+mod writes;
+
+use auth::{ADMIN_TOKEN, CONTROL_PLANE_TOKEN};
+use writes::{conflict, PatchType};
 
 use wire::{
-    api_version, bad_selector, gone, json_patch, json_response, label_match, merge, now,
-    percent_decode, refused, route, status_response, strategic_merge, watch_line, with_warnings,
+    api_version, bad_selector, gone, json_response, label_match, merge, now, percent_decode, route,
+    status_response, watch_line,
 };
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -223,74 +230,12 @@ fn crds() -> BTreeMap<usize, schema::Crd> {
         .collect()
 }
 
-/// The test's kubectl: the cluster's admin.
-const ADMIN_TOKEN: &str = "admin-token";
-const ADMIN_USER: &str = "kubernetes-admin";
-/// The control plane's service account token.
-const CONTROL_PLANE_TOKEN: &str = "minimesh-control-plane-token";
-const CONTROL_PLANE_USER: &str = "system:serviceaccount:minimesh-system:minimesh-control-plane";
-
 /// An object's fields as one manager applied them: (collection,
 /// namespace, name, field manager).
 type Managed = (usize, String, String, String);
 
 /// Whose a token is: (namespace, service account, audiences).
 type TokenOwner = (String, String, Vec<String>);
-
-/// The 409 of a write from a stale resourceVersion.
-fn conflict(plural: &str, name: &str) -> Response<Body> {
-    status_response(
-        StatusCode::CONFLICT,
-        "Conflict",
-        &format!("Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
-    )
-}
-
-/// A PATCH's type, by its content type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PatchType {
-    Json,
-    Merge,
-    Strategic,
-    Apply,
-}
-
-impl PatchType {
-    fn of(content_type: &str) -> Option<PatchType> {
-        let t = content_type.split(';').next().unwrap_or("").trim();
-        match t {
-            "application/json-patch+json" => Some(PatchType::Json),
-            "application/merge-patch+json" => Some(PatchType::Merge),
-            "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
-                Some(PatchType::Apply)
-            }
-            _ => None,
-        }
-    }
-}
-
-/// Removes from `obj` the fields a manager applied before (`previous`)
-/// and no longer applies (`now`): server-side apply's ownership, for one
-/// manager per field.
-fn unapply(obj: &mut Value, previous: &Value, now: &Value) {
-    let (Some(o), Some(p)) = (obj.as_object_mut(), previous.as_object()) else {
-        return;
-    };
-    for (k, pv) in p {
-        match now.get(k) {
-            None => {
-                o.remove(k);
-            }
-            Some(nv) if pv.is_object() && nv.is_object() => {
-                if let Some(ov) = o.get_mut(k) {
-                    unapply(ov, pv, nv);
-                }
-            }
-            Some(_) => {}
-        }
-    }
-}
 
 fn collection_of(api_version: &str, kind: &str) -> usize {
     COLLECTIONS
@@ -390,43 +335,6 @@ impl FakeKube {
         self.denied.lock().expect("lock").clone()
     }
 
-    /// Who sent `req`: `None` (401) for an unknown token. kubectl sends
-    /// no credentials to a plain-HTTP server (the fake's), so a request
-    /// without any is the admin's: the one liberty the fake takes, and one
-    /// only kubectl in the tests uses (the control plane sends its token).
-    fn authenticate(req: &http::Request<hyper::body::Incoming>) -> Option<&'static str> {
-        let Some(header) = req.headers().get("authorization") else {
-            return Some(ADMIN_USER);
-        };
-        match header.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) {
-            Some(ADMIN_TOKEN) => Some(ADMIN_USER),
-            Some(CONTROL_PLANE_TOKEN) => Some(CONTROL_PLANE_USER),
-            _ => None,
-        }
-    }
-
-    /// RBAC's verdict on `user`'s request: `Some` is the 403's message.
-    fn forbidden(
-        &self,
-        user: &str,
-        method: &Method,
-        path: &str,
-        query: &BTreeMap<String, String>,
-    ) -> Option<String> {
-        if user == ADMIN_USER {
-            return None;
-        }
-        // Not a resource request (discovery, OpenAPI): every authenticated user.
-        let attrs = rbac::attributes(method.as_str(), path, query)?;
-        if self.rbac.grant(user, &attrs).is_some() {
-            return None;
-        }
-        let message = rbac::forbidden_message(user, &attrs);
-        eprintln!("fake API server: 403 {message}");
-        self.denied.lock().expect("lock").push(message.clone());
-        Some(message)
-    }
-
     /// Creates or updates an object as `kubectl apply` would: the generation
     /// goes up when the spec changes; the status is kept.
     pub fn apply(&self, mut obj: Value) {
@@ -493,209 +401,12 @@ impl FakeKube {
         self.throttle.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Makes `token` a service account's token for `audiences`, as the
-    /// kubelet's projected tokens are: the TokenReview API authenticates it.
-    pub fn issue_token(&self, token: &str, namespace: &str, sa: &str, audiences: &[&str]) {
-        self.tokens.lock().expect("lock").insert(
-            token.to_string(),
-            (
-                namespace.to_string(),
-                sa.to_string(),
-                audiences.iter().map(|a| a.to_string()).collect(),
-            ),
-        );
-    }
-
-    /// The TokenReview API's answer (always 201, the verdict in `status`),
-    /// shaped as the real one's: an unauthenticated review has an empty
-    /// `user` and the authenticators' errors in brackets.
-    fn review_token(&self, body: &[u8]) -> Response<Body> {
-        let Ok(review) = serde_json::from_slice::<Value>(body) else {
-            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
-        };
-        let token = review["spec"]["token"].as_str().unwrap_or("");
-        let wanted: Vec<String> = review["spec"]["audiences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.as_str().map(str::to_string))
-            .collect();
-        self.inner
-            .lock()
-            .expect("lock")
-            .log
-            .push("CREATE tokenreviews".into());
-        let known = self.tokens.lock().expect("lock").get(token).cloned();
-        let status = match known {
-            None => {
-                json!({"user": {}, "error": "[invalid bearer token, square/go-jose: compact JWS format must have three parts]"})
-            }
-            Some((_, _, has)) if !wanted.is_empty() && !wanted.iter().any(|w| has.contains(w)) => {
-                json!({
-                    "user": {},
-                    "error": format!("[invalid bearer token, token audiences {has:?} is invalid for the target audiences {wanted:?}]"),
-                })
-            }
-            Some((ns, sa, has)) => json!({
-                "authenticated": true,
-                "user": {
-                    "username": format!("system:serviceaccount:{ns}:{sa}"),
-                    "uid": format!("uid-sa-{ns}-{sa}"),
-                    "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
-                },
-                "audiences": if wanted.is_empty() { has } else { wanted.clone() },
-            }),
-        };
-        json_response(
-            StatusCode::CREATED,
-            &json!({
-                "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
-                "metadata": {"creationTimestamp": null},
-                "spec": review["spec"],
-                "status": status,
-            }),
-        )
-    }
-
     /// Routes Service `namespace/name` to `addr`, as its endpoints would.
     pub fn route_service(&self, namespace: &str, name: &str, addr: SocketAddr) {
         self.services
             .lock()
             .expect("lock")
             .insert(format!("{namespace}/{name}"), addr);
-    }
-
-    /// Runs admission for a create or an update of collection `c`: the
-    /// mutating webhooks may change `object`.
-    async fn admit(
-        &self,
-        c: usize,
-        operation: &str,
-        object: &mut Value,
-        old_object: Option<&Value>,
-    ) -> Result<Vec<String>, admission::Refused> {
-        let namespace = object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let (mutating, validating, services, namespace_labels) = {
-            let inner = self.inner.lock().expect("lock");
-            let of = |kind: usize| -> Vec<Value> {
-                inner
-                    .objects
-                    .iter()
-                    .filter(|((oc, _, _), _)| *oc == kind)
-                    .map(|(_, o)| o.clone())
-                    .collect()
-            };
-            // A namespace's labels, with the one the API server sets on all.
-            let mut labels = inner
-                .objects
-                .get(&(NAMESPACES, String::new(), namespace.clone()))
-                .map(|n| n["metadata"]["labels"].clone())
-                .filter(Value::is_object)
-                .unwrap_or_else(|| json!({}));
-            labels["kubernetes.io/metadata.name"] = namespace.clone().into();
-            (
-                of(MUTATING_WEBHOOKS),
-                of(WEBHOOKS),
-                self.services.lock().expect("lock").clone(),
-                labels,
-            )
-        };
-        let (group, version, resource, kind) = COLLECTIONS[c];
-        let attempt = admission::Attempt {
-            group,
-            version,
-            resource,
-            kind,
-            namespace: &namespace,
-            name: &name,
-            operation,
-            old_object,
-        };
-        admission::admit(
-            &mutating,
-            &validating,
-            &services,
-            &namespace_labels,
-            &attempt,
-            object,
-        )
-        .await
-    }
-
-    /// What the Deployment and ReplicaSet controllers do, in one step: the
-    /// pods of `deployment` (those of an older template deleted) created
-    /// through admission, as the controller's requests are. A pod refused
-    /// is logged ("FAILEDCREATE pod: reason"), as the controller's Event.
-    async fn roll_out(&self, deployment: &Value) {
-        let ns = deployment["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_string();
-        let name = deployment["metadata"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let revision = deployment["metadata"]["generation"].as_i64().unwrap_or(1);
-        {
-            let mut inner = self.inner.lock().expect("lock");
-            let old: Vec<(usize, String, String)> = inner
-                .objects
-                .iter()
-                .filter(|((c, ons, _), o)| {
-                    *c == PODS
-                        && *ons == ns
-                        && o["metadata"]["ownerReferences"][0]["name"] == name.as_str()
-                })
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in old {
-                if let Some(obj) = inner.objects.get(&key).cloned() {
-                    inner.commit(key, "DELETED", obj);
-                }
-            }
-        }
-        let template = &deployment["spec"]["template"];
-        for i in 0..deployment["spec"]["replicas"].as_u64().unwrap_or(1) {
-            // A ReplicaSet names its pods by `generateName`: admission sees
-            // no name; the API server makes one after it, as here.
-            let generate = format!("{name}-{revision:x}f5c9d-");
-            let pod_name = format!("{generate}{i}x7kq");
-            let mut pod = json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {
-                    "generateName": generate, "namespace": ns,
-                    "labels": template["metadata"]["labels"],
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": deployment["metadata"]["uid"], "controller": true}],
-                },
-                "spec": template["spec"],
-            });
-            if let Some(a) = template["metadata"]["annotations"].as_object() {
-                pod["metadata"]["annotations"] = Value::Object(a.clone());
-            }
-            match self.admit(PODS, "CREATE", &mut pod, None).await {
-                Ok(_) => {
-                    pod["metadata"]["name"] = pod_name.clone().into();
-                    let mut inner = self.inner.lock().expect("lock");
-                    pod["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
-                    pod["metadata"]["creationTimestamp"] = now().into();
-                    inner.commit((PODS, ns.clone(), pod_name), "ADDED", pod);
-                }
-                Err(r) => {
-                    let mut inner = self.inner.lock().expect("lock");
-                    inner.log.push(format!(
-                        "FAILEDCREATE {pod_name}: {}",
-                        r.status["message"].as_str().unwrap_or("")
-                    ));
-                }
-            }
-        }
     }
 
     /// Deletes an object.
@@ -785,253 +496,6 @@ impl FakeKube {
             });
             w.tx.send(watch_line("BOOKMARK", &obj)).is_ok()
         });
-    }
-
-    /// Creates `obj` in `ns`: decoded against its CRD's schema, admitted,
-    /// stored; a Deployment's pods rolled out.
-    async fn create(
-        &self,
-        c: usize,
-        ns: String,
-        mut obj: Value,
-        query: &BTreeMap<String, String>,
-    ) -> Response<Body> {
-        let plural = COLLECTIONS[c].2;
-        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-        if !ns.is_empty() {
-            obj["metadata"]["namespace"] = ns.clone().into();
-        }
-        let mut warnings = match self.decode(c, &name, &mut obj, query) {
-            Ok(w) => w,
-            Err(r) => return r,
-        };
-        match self.admit(c, "CREATE", &mut obj, None).await {
-            Ok(w) => warnings.extend(w),
-            Err(r) => return refused(r),
-        }
-        let stored = {
-            let mut inner = self.inner.lock().expect("lock");
-            inner.log.push(format!("CREATE {plural} {name}"));
-            let key = (c, ns, name.clone());
-            if inner.objects.contains_key(&key) {
-                None
-            } else {
-                obj["metadata"]["generation"] = 1.into();
-                obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
-                obj["metadata"]["creationTimestamp"] = now().into();
-                Some(inner.commit(key, "ADDED", obj))
-            }
-        };
-        let Some(obj) = stored else {
-            return status_response(
-                StatusCode::CONFLICT,
-                "AlreadyExists",
-                &format!("{plural} \"{name}\" already exists"),
-            );
-        };
-        if c == DEPLOYMENTS {
-            self.roll_out(&obj).await;
-        }
-        with_warnings(json_response(StatusCode::CREATED, &obj), &warnings)
-    }
-
-    /// Stores `obj` over `current` (which it was computed from): the
-    /// status kept (the status subresource's to change), the generation
-    /// counted, decoded and admitted; 409 if `current` changed meanwhile.
-    async fn update(
-        &self,
-        key: (usize, String, String),
-        current: Value,
-        mut obj: Value,
-        verb: &str,
-        query: &BTreeMap<String, String>,
-    ) -> Response<Body> {
-        let (c, name) = (key.0, key.2.clone());
-        let plural = COLLECTIONS[c].2;
-        match current.get("status") {
-            Some(st) => obj["status"] = st.clone(),
-            None => {
-                if let Some(m) = obj.as_object_mut() {
-                    m.remove("status");
-                }
-            }
-        }
-        let mut warnings = match self.decode(c, &name, &mut obj, query) {
-            Ok(w) => w,
-            Err(r) => return r,
-        };
-        let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
-        let changed = current.get("spec") != obj.get("spec");
-        obj["metadata"]["generation"] = (generation + i64::from(changed)).into();
-        match self.admit(c, "UPDATE", &mut obj, Some(&current)).await {
-            Ok(w) => warnings.extend(w),
-            Err(r) => return refused(r),
-        }
-        let template_changed = obj["spec"] != current["spec"];
-        let stored = {
-            let mut inner = self.inner.lock().expect("lock");
-            inner.log.push(format!("{verb} {plural} {name}"));
-            // Changed by someone else while the webhooks ran.
-            if inner
-                .objects
-                .get(&key)
-                .map(|o| &o["metadata"]["resourceVersion"])
-                != Some(&current["metadata"]["resourceVersion"])
-            {
-                None
-            } else {
-                Some(inner.commit(key, "MODIFIED", obj))
-            }
-        };
-        let Some(obj) = stored else {
-            return conflict(plural, &name);
-        };
-        if c == DEPLOYMENTS && template_changed {
-            self.roll_out(&obj).await;
-        }
-        with_warnings(json_response(StatusCode::OK, &obj), &warnings)
-    }
-
-    /// `current` with `patch` applied as its type says; a `resourceVersion`
-    /// in a patch is a precondition, as on the real server.
-    #[allow(clippy::result_large_err)]
-    fn patched(
-        &self,
-        c: usize,
-        current: &Value,
-        patch: &Value,
-        patch_type: Option<PatchType>,
-    ) -> Result<Value, Response<Body>> {
-        let name = current["metadata"]["name"].as_str().unwrap_or("");
-        let mut o = current.clone();
-        match patch_type {
-            Some(PatchType::Json) => {
-                let ops = patch.as_array().map(Vec::as_slice).unwrap_or(&[]);
-                json_patch(&mut o, ops).map_err(|e| {
-                    status_response(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "Invalid",
-                        &format!(
-                            "the server rejected our request due to an error in our request: {e}"
-                        ),
-                    )
-                })?;
-            }
-            // Custom resources have no strategic merge patch: no Go struct
-            // carries their merge keys.
-            Some(PatchType::Strategic) if self.crds.contains_key(&c) => {
-                return Err(status_response(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-                ));
-            }
-            Some(PatchType::Strategic) => strategic_merge(&mut o, patch),
-            Some(PatchType::Merge) => merge(&mut o, patch),
-            Some(PatchType::Apply) | None => {
-                return Err(status_response(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-                ));
-            }
-        }
-        let wanted = &o["metadata"]["resourceVersion"];
-        if !wanted.is_null() && *wanted != current["metadata"]["resourceVersion"] {
-            return Err(conflict(COLLECTIONS[c].2, name));
-        }
-        Ok(o)
-    }
-
-    /// Server-side apply of `body` (the manager's whole intent for the
-    /// object): created when missing; else the fields this manager applied
-    /// before and no longer lists are removed, and the rest merged in.
-    async fn apply_patch(
-        &self,
-        c: usize,
-        ns: String,
-        name: String,
-        body: &[u8],
-        query: &BTreeMap<String, String>,
-    ) -> Response<Body> {
-        let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
-            return status_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid",
-                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
-            );
-        };
-        let Ok(config) = serde_saphyr::from_str::<Value>(&String::from_utf8_lossy(body)) else {
-            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML");
-        };
-        let key = (c, ns.clone(), name.clone());
-        let managed = (c, ns.clone(), name.clone(), manager);
-        let current = self.inner.lock().expect("lock").objects.get(&key).cloned();
-        let previous = self.applied.lock().expect("lock").get(&managed).cloned();
-        let response = match current {
-            None => self.create(c, ns, config.clone(), query).await,
-            Some(current) => {
-                let mut obj = current.clone();
-                if let Some(previous) = previous {
-                    unapply(&mut obj, &previous, &config);
-                }
-                merge(&mut obj, &config);
-                self.update(key, current, obj, "APPLY", query).await
-            }
-        };
-        // What the manager owns from now on: what it applied, once stored.
-        if response.status().is_success() {
-            self.applied.lock().expect("lock").insert(managed, config);
-        }
-        response
-    }
-
-    /// The server's decoding of a write of a custom resource: unknown
-    /// fields refused (`fieldValidation=Strict`), or pruned with a warning
-    /// (`Warn`, the server's default) or silently (`Ignore`); defaults
-    /// filled; then the schema's validation (422 with every error).
-    #[allow(clippy::result_large_err)]
-    fn decode(
-        &self,
-        c: usize,
-        name: &str,
-        obj: &mut Value,
-        query: &BTreeMap<String, String>,
-    ) -> Result<Vec<String>, Response<Body>> {
-        let Some(crd) = self.crds.get(&c) else {
-            return Ok(Vec::new());
-        };
-        let unknown = crd.prune_and_default(obj);
-        let mut warnings = Vec::new();
-        if !unknown.is_empty() {
-            let fields: Vec<String> = unknown
-                .iter()
-                .map(|f| format!("unknown field {f:?}"))
-                .collect();
-            match query.get("fieldValidation").map(String::as_str) {
-                Some("Strict") => {
-                    let (_, version, _, kind) = COLLECTIONS[c];
-                    return Err(status_response(
-                        StatusCode::BAD_REQUEST,
-                        "BadRequest",
-                        &format!(
-                            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
-                            fields.join(", ")
-                        ),
-                    ));
-                }
-                Some("Ignore") => {}
-                _ => warnings = fields,
-            }
-        }
-        let errors = crd.validate(obj, None);
-        if !errors.is_empty() {
-            return Err(json_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &crd.invalid(name, &errors),
-            ));
-        }
-        Ok(warnings)
     }
 
     async fn handle(&self, req: http::Request<hyper::body::Incoming>) -> Response<Body> {
@@ -1148,81 +612,9 @@ impl FakeKube {
             (Method::GET, None, _)
                 if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
             {
-                let from: u64 = query
-                    .get("resourceVersion")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                let bookmarks = query
-                    .get("allowWatchBookmarks")
-                    .is_some_and(|b| b == "true");
-                // The real server ends a watch at its `timeoutSeconds`.
-                let cap = self.watch_cap_ms.load(std::sync::atomic::Ordering::Relaxed);
-                let ends = query
-                    .get("timeoutSeconds")
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .map(|s| s * 1000)
-                    .into_iter()
-                    .chain((cap > 0).then_some(cap))
-                    .min()
-                    .map(Duration::from_millis);
-                self.watch(
-                    Watch {
-                        c,
-                        tx: mpsc::unbounded_channel().0,
-                        bookmarks,
-                        namespace: ns,
-                        name: only,
-                        labels: query.get("labelSelector").cloned(),
-                    },
-                    from,
-                    plural,
-                    ends,
-                )
+                self.watch_request(c, ns, only, &query)
             }
-            (Method::GET, None, _) => {
-                let mut inner = self.inner.lock().expect("lock");
-                inner.log.push(match &ns {
-                    Some(ns) => format!("LIST {plural} in {ns}"),
-                    None => format!("LIST {plural}"),
-                });
-                let items: Vec<Value> = inner
-                    .objects
-                    .iter()
-                    .filter(|((oc, ons, oname), _)| {
-                        *oc == c
-                            && ns.as_ref().is_none_or(|n| n == ons)
-                            && only.as_ref().is_none_or(|n| n == oname)
-                    })
-                    .filter(|(_, o)| {
-                        query
-                            .get("labelSelector")
-                            .is_none_or(|l| label_match(l, &o["metadata"]["labels"]))
-                    })
-                    .map(|(_, o)| {
-                        let mut o = o.clone();
-                        // Built-in kinds' list items carry no apiVersion/kind.
-                        if COLLECTIONS[c].0 != "minimesh.io" {
-                            if let Some(m) = o.as_object_mut() {
-                                m.remove("apiVersion");
-                                m.remove("kind");
-                            }
-                        }
-                        o
-                    })
-                    .collect();
-                if table {
-                    return json_response(StatusCode::OK, &kubectl::table(c, &items, inner.rv));
-                }
-                let (g, v, _, kind) = COLLECTIONS[c];
-                json_response(
-                    StatusCode::OK,
-                    &json!({
-                        "apiVersion": api_version(g, v), "kind": format!("{kind}List"),
-                        "metadata": {"resourceVersion": inner.rv.to_string()},
-                        "items": items
-                    }),
-                )
-            }
+            (Method::GET, None, _) => self.list_request(c, ns, only, &query, table),
             // The object, or its status subresource (the whole object too).
             (Method::GET, Some(name), None | Some("status")) => {
                 let inner = self.inner.lock().expect("lock");
