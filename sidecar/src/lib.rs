@@ -89,20 +89,25 @@ pub struct Running {
     stop: watch::Sender<bool>,
     /// The listeners, each ending after its drain once told to stop.
     servers: Vec<tokio::task::JoinHandle<()>>,
-    /// Discovery, load reports, certificate renewal, the pools' sweeper.
+    /// The admin server, discovery, load reports, certificate renewal, the
+    /// pools' sweeper.
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops accepting, drains the requests in flight (`--drain` at most),
-    /// then ends discovery, load reports and renewal.
+    /// then ends the admin server, discovery, load reports and renewal.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for s in self.servers {
             let _ = s.await;
         }
-        for t in self.tasks {
+        for t in &self.tasks {
             t.abort();
+        }
+        // Each ends (its sockets closed) once dropped.
+        for t in self.tasks {
+            let _ = t.await;
         }
     }
 }
@@ -153,10 +158,13 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let listeners = Listeners::new(&args, loops);
     let mut registry = prometheus_client::registry::Registry::default();
     let capture_metrics = listener::captured::CaptureMetrics::register(&mut registry);
-    serve_admin(&args, &shared, &listeners, registry).await?;
+    let admin = serve_admin(&args, &shared, &listeners, registry).await?;
     let (stop, stop_rx) = watch::channel(false);
     let servers = serve_listeners(&args, &shared, listeners, capture_metrics, &stop_rx)?;
-    let mut tasks = vec![tokio::spawn(sweep_pools_forever(shared.routing.clone()))];
+    let mut tasks = vec![
+        admin,
+        tokio::spawn(sweep_pools_forever(shared.routing.clone())),
+    ];
     tasks.extend(start_control_plane_clients(&args, shared)?);
     info!(mode = args.mode, outbound = %args.outbound, inbound = ?args.inbound, capture = args.capture, inbound_capture = ?args.inbound_capture, admin = %args.admin, xds = args.xds_addr, "sidecar started");
     Ok(Running {
@@ -254,7 +262,7 @@ async fn serve_admin(
     shared: &Shared,
     listeners: &Listeners,
     mut registry: prometheus_client::registry::Registry,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let admin_listener = TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding admin address {}", args.admin))?;
@@ -265,7 +273,7 @@ async fn serve_admin(
     }
     .register(&mut registry);
     shared.authz.register(&mut registry);
-    tokio::spawn(admin::serve(
+    Ok(tokio::spawn(admin::serve(
         admin_listener,
         Arc::new(admin::Admin {
             routing: shared.routing.clone(),
@@ -277,8 +285,7 @@ async fn serve_admin(
             authz: shared.authz.clone(),
             tls: shared.tls.clone(),
         }),
-    ));
-    Ok(())
+    )))
 }
 
 /// Binds and serves the outbound (or gateway) listener, and the inbound

@@ -233,5 +233,9 @@ async fn a_control_plane_and_two_sidecars_share_one_process() {
         get(outbound, "backend", "/").await.is_none(),
         "web's sidecar stopped listening"
     );
+    assert!(
+        TcpStream::connect(net.addr(1, 15000)).await.is_err(),
+        "web's admin server stopped"
+    );
     eprintln!("in-process: {:?}", started.elapsed());
 }
