@@ -48,7 +48,9 @@ pub(crate) fn normalize(path: &str) -> Result<Option<String>, &'static str> {
     // that decodes its path would read as `d`: decode again until nothing
     // changes, so that no decoding of what the app gets differs from what
     // authorization read (each pass that changes the path shortens it).
-    loop {
+    // Without a `%` left (a dot segment, a backslash) there is nothing to
+    // decode again, and no second allocation.
+    while decoded.contains('%') {
         let again = decode_unreserved(decoded.as_bytes())?;
         if again == decoded {
             break;
