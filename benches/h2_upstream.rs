@@ -8,9 +8,22 @@
 //! medians and the paired ratios. `cargo bench --bench h2_upstream`
 //! (about 2 minutes).
 
-#[allow(dead_code)]
+// Test support: each bench uses part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/client.rs"]
+mod client;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/e2e/harness.rs"]
 mod harness;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/views.rs"]
+mod views;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/e2e/watchdog.rs"]
+mod watchdog;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/yaml.rs"]
+mod yaml;
 
 use std::time::Duration;
 

@@ -15,9 +15,22 @@
 //! Service a VirtualService of 10 routes whose first every request matches
 //! (the cost of the route table on the request path).
 
-#[allow(dead_code)]
+// Test support: each bench uses part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/client.rs"]
+mod client;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/e2e/harness.rs"]
 mod harness;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/views.rs"]
+mod views;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/e2e/watchdog.rs"]
+mod watchdog;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/yaml.rs"]
+mod yaml;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -4,9 +4,22 @@
 //! (24:3:1, capacity = concurrency / latency), and LEAST_REQUEST, in one run.
 //! `cargo bench --bench unequal_capacity` (about 2 minutes).
 
-#[allow(dead_code)]
+// Test support: each bench uses part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/client.rs"]
+mod client;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/e2e/harness.rs"]
 mod harness;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/views.rs"]
+mod views;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/e2e/watchdog.rs"]
+mod watchdog;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/yaml.rs"]
+mod yaml;
 
 use std::time::Duration;
 

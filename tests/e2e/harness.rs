@@ -3,23 +3,16 @@
 //! run in parallel on fixed ports without colliding, and beside a demo or a
 //! benchmark (those use 127.0.n.x) on the same machine.
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{header, HeaderMap, Method, Request};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-pub const NS: &str = "default";
+pub use crate::client::{assert_no_failures, get, get_json, load, wait_http, Background, Conn};
+pub use crate::views::{endpoints_of, policy_of, poll_json, wait_sidecar, weights_of};
+pub use crate::yaml::{endpoint_yaml, service_yaml, NS};
 
 /// A child process killed (SIGKILL) when dropped.
 pub struct Proc {
@@ -111,7 +104,7 @@ impl Net {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("config")).expect("temp dir");
         std::fs::create_dir_all(dir.join("logs")).expect("temp dir");
-        watchdog::started(octet, &dir);
+        crate::watchdog::started(octet, &dir);
         Net {
             octet,
             dir,
@@ -290,13 +283,7 @@ impl Net {
 
     /// Writes a DestinationRule for `service`.
     pub fn rule(&self, file: &str, service: &str, load_balancer: &str) {
-        self.write(
-            file,
-            &format!(
-                "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata:\n  name: {service}-dr\nspec:\n  host: {service}\n  trafficPolicy:\n    loadBalancer:\n{}\n",
-                load_balancer.lines().map(|l| format!("      {l}")).collect::<Vec<_>>().join("\n")
-            ),
-        );
+        self.write(file, &crate::yaml::rule_yaml(service, load_balancer));
     }
 }
 
@@ -310,7 +297,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        watchdog::ended(self.octet);
+        crate::watchdog::ended(self.octet);
         let found: Vec<String> = if std::thread::panicking() {
             Vec::new()
         } else {
@@ -330,318 +317,6 @@ impl Drop for Net {
         } else {
             eprintln!("logs kept in {}", self.dir.display());
         }
-    }
-}
-
-pub fn service_yaml(name: &str, endpoints: &[(Ipv4Addr, String)]) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  ports:\n  - name: http\n    port: 80\n    targetPort: 9090\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: {NS}\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  port: 9090\nendpoints:\n"
-    );
-    if endpoints.is_empty() {
-        y.push_str("[]\n");
-    }
-    for (ip, pod) in endpoints {
-        y.push_str(&endpoint_yaml(*ip, pod, None));
-    }
-    y
-}
-
-/// One ready EndpointSlice endpoint, optionally in a zone.
-pub fn endpoint_yaml(ip: Ipv4Addr, pod: &str, zone: Option<&str>) -> String {
-    let zone = zone.map(|z| format!("  zone: {z}\n")).unwrap_or_default();
-    format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: {pod}}}\n{zone}")
-}
-
-/// Waits (up to 20 s) for 200 from `addr` `path`.
-pub async fn wait_http(addr: SocketAddr, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok((200, _, _)) = get(addr, "localhost", path).await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{addr}{path} never became ready");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// One GET on a fresh connection: status, x-minimesh-endpoint, body.
-pub async fn get(
-    addr: SocketAddr,
-    host: &str,
-    path: &str,
-) -> anyhow::Result<(u16, Option<String>, String)> {
-    let mut c = Conn::open(addr).await?;
-    c.get(host, path).await
-}
-
-pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, _, body) = get(addr, "localhost", path).await.expect("admin reachable");
-    assert_eq!(status, 200, "{addr}{path}: {body}");
-    serde_json::from_str(&body).expect("JSON")
-}
-
-/// A keep-alive HTTP/1.1 connection.
-pub struct Conn {
-    addr: SocketAddr,
-    sender: Option<SendRequest<Full<Bytes>>>,
-}
-
-impl Conn {
-    pub async fn open(addr: SocketAddr) -> anyhow::Result<Conn> {
-        let mut c = Conn { addr, sender: None };
-        c.connect().await?;
-        Ok(c)
-    }
-
-    async fn connect(&mut self) -> anyhow::Result<()> {
-        let stream = TcpStream::connect(self.addr).await?;
-        stream.set_nodelay(true)?;
-        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        self.sender = Some(s);
-        Ok(())
-    }
-
-    pub async fn get(
-        &mut self,
-        host: &str,
-        path: &str,
-    ) -> anyhow::Result<(u16, Option<String>, String)> {
-        self.request(host, path, &[]).await
-    }
-
-    /// GET with extra headers; returns the status and the serving endpoint.
-    pub async fn get_with(
-        &mut self,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<(u16, Option<String>)> {
-        let (status, ep, _) = self.request(host, path, headers).await?;
-        Ok((status, ep))
-    }
-
-    async fn request(
-        &mut self,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<(u16, Option<String>, String)> {
-        let (status, headers, body) = self
-            .send(Method::GET, host, path, headers, Bytes::new())
-            .await?;
-        let ep = headers
-            .get("x-minimesh-endpoint")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        Ok((status, ep, body))
-    }
-
-    /// Any request: status, response headers, body. Bounded by a generous
-    /// 60 s that no test waits for an answer, so that a request that gets
-    /// none fails its test instead of hanging it.
-    pub async fn send(
-        &mut self,
-        method: Method,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Bytes,
-    ) -> anyhow::Result<(u16, HeaderMap, String)> {
-        let what = format!("{method} {host}{path}");
-        match tokio::time::timeout(
-            Duration::from_secs(60),
-            self.send_once(method, host, path, headers, body),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => {
-                self.sender = None;
-                anyhow::bail!("{what} to {}: no response within 60 s", self.addr)
-            }
-        }
-    }
-
-    async fn send_once(
-        &mut self,
-        method: Method,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Bytes,
-    ) -> anyhow::Result<(u16, HeaderMap, String)> {
-        let ready = match self.sender.as_mut() {
-            Some(s) => s.ready().await.is_ok(),
-            None => false,
-        };
-        if !ready {
-            self.connect().await?;
-        }
-        let sender = self.sender.as_mut().expect("connected");
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(header::HOST, host);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(body))?;
-        let resp = sender.send_request(req).await;
-        let resp = match resp {
-            Ok(r) => r,
-            Err(e) => {
-                self.sender = None;
-                return Err(e.into());
-            }
-        };
-        let status = resp.status().as_u16();
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await?.to_bytes();
-        Ok((
-            status,
-            parts.headers,
-            String::from_utf8_lossy(&body).into_owned(),
-        ))
-    }
-}
-
-/// Counts of a load run.
-#[derive(Debug, Default, Clone)]
-pub struct Counts {
-    pub by_endpoint: BTreeMap<String, u64>,
-    pub ok: u64,
-    pub failed: Vec<String>,
-    /// Latency of every request, microseconds.
-    pub lat_us: Vec<u64>,
-}
-
-impl Counts {
-    pub fn quantile(&self, q: f64) -> Duration {
-        let mut v = self.lat_us.clone();
-        v.sort_unstable();
-        let i = ((v.len().max(1) - 1) as f64 * q).round() as usize;
-        Duration::from_micros(v.get(i).copied().unwrap_or(0))
-    }
-
-    pub fn share(&self, ep: SocketAddr) -> f64 {
-        *self.by_endpoint.get(&ep.to_string()).unwrap_or(&0) as f64 / self.ok.max(1) as f64
-    }
-}
-
-/// Sends `total` requests for `host` through the proxy at `proxy` from `clients`
-/// concurrent connections.
-pub async fn load(proxy: SocketAddr, host: &str, clients: usize, total: u64) -> Counts {
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let next = next.clone();
-        let host = host.to_string();
-        tasks.push(tokio::spawn(async move {
-            let mut counts = Counts::default();
-            let mut conn = Conn {
-                addr: proxy,
-                sender: None,
-            };
-            while next.fetch_add(1, Ordering::Relaxed) < total {
-                let t0 = Instant::now();
-                let r = conn.get(&host, "/").await;
-                counts.lat_us.push(t0.elapsed().as_micros() as u64);
-                record(&mut counts, r);
-            }
-            counts
-        }));
-    }
-    merge(tasks).await
-}
-
-/// Sends requests from `clients` connections until `stop` is set; returns
-/// counts plus the time each endpoint first answered.
-pub async fn load_until(
-    proxy: SocketAddr,
-    host: &str,
-    clients: usize,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    first_seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
-) -> Counts {
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let host = host.to_string();
-        let stop = stop.clone();
-        let first_seen = first_seen.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut counts = Counts::default();
-            let mut conn = Conn {
-                addr: proxy,
-                sender: None,
-            };
-            while !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                let r = conn.get(&host, "/").await;
-                counts.lat_us.push(t0.elapsed().as_micros() as u64);
-                if let Ok((200, Some(ep), _)) = &r {
-                    first_seen
-                        .lock()
-                        .expect("lock")
-                        .entry(ep.clone())
-                        .or_insert_with(Instant::now);
-                }
-                record(&mut counts, r);
-            }
-            counts
-        }));
-    }
-    merge(tasks).await
-}
-
-fn record(counts: &mut Counts, r: anyhow::Result<(u16, Option<String>, String)>) {
-    match r {
-        Ok((200, ep, _)) => {
-            counts.ok += 1;
-            *counts
-                .by_endpoint
-                .entry(ep.unwrap_or_default())
-                .or_default() += 1;
-        }
-        Ok((status, _, body)) => counts.failed.push(format!("{status}: {}", body.trim())),
-        Err(e) => counts.failed.push(format!("transport: {e}")),
-    }
-}
-
-async fn merge(tasks: Vec<tokio::task::JoinHandle<Counts>>) -> Counts {
-    let mut all = Counts::default();
-    for t in tasks {
-        let c = t.await.expect("load task");
-        all.ok += c.ok;
-        all.failed.extend(c.failed);
-        all.lat_us.extend(c.lat_us);
-        for (k, v) in c.by_endpoint {
-            *all.by_endpoint.entry(k).or_default() += v;
-        }
-    }
-    all
-}
-
-/// Waits until `pred` holds on the sidecar's /debug/config (up to `within`);
-/// returns how long it took.
-pub async fn wait_sidecar(
-    admin: SocketAddr,
-    within: Duration,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let v = get_json(admin, "/debug/config").await;
-        if pred(&v) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "sidecar config never matched within {within:?}: {v:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -672,96 +347,18 @@ pub async fn poll_cp_json(
     within: Duration,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let v = get_json(net.cp_admin(), path).await;
-        if pred(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < within,
-            "control plane's {path} never matched within {within:?}: {v:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The policy of `cluster` in a sidecar's /debug/config.
-pub fn policy_of(v: &serde_json::Value, service: &str) -> String {
-    v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["policy"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
+    poll_json(net.cp_admin(), path, within, pred).await
 }
 
 /// The weights of `backend`'s endpoints on hosts 1, 2 and 3 (0 for one not
 /// listed), from a cluster entry of a control plane's /debug/endpoints or a
-/// sidecar's /debug/config (both list `endpoints` with `address` and `weight`).
+/// sidecar's /debug/config.
 pub fn backend_weights(cluster: &serde_json::Value, net: &Net) -> Vec<u64> {
-    let eps = cluster["endpoints"].as_array().cloned().unwrap_or_default();
-    (1..=3)
-        .map(|h| {
-            let a = net.addr(h, 9090).to_string();
-            eps.iter()
-                .find(|e| e["address"] == a.as_str())
-                .and_then(|e| e["weight"].as_u64())
-                .unwrap_or(0)
-        })
-        .collect()
-}
-
-/// Endpoint addresses of `service` in a sidecar's /debug/config.
-pub fn endpoints_of(v: &serde_json::Value, service: &str) -> Vec<String> {
-    v["clusters"][format!("{service}.{NS}.svc.cluster.local:80")]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    weights_of(cluster, (1..=3).map(|h| net.addr(h, 9090)))
 }
 
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// Load from `clients` connections in the background until [`Background::finish`].
-pub struct Background {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    /// When each endpoint first answered.
-    pub first_seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
-    task: tokio::task::JoinHandle<Counts>,
-}
-
-impl Background {
-    pub fn start(proxy: SocketAddr, host: &str, clients: usize) -> Background {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let first_seen = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-        let (host, s, f) = (host.to_string(), stop.clone(), first_seen.clone());
-        let task = tokio::spawn(async move { load_until(proxy, &host, clients, s, f).await });
-        Background {
-            stop,
-            first_seen,
-            task,
-        }
-    }
-
-    pub async fn finish(self) -> Counts {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("load task")
-    }
-}
-
-/// Fails with the first few failures when there were any.
-pub fn assert_no_failures(c: &Counts, what: &str) {
-    assert!(
-        c.failed.is_empty(),
-        "{what}{} of {} failed: {:?}",
-        c.failed.len(),
-        c.failed.len() as u64 + c.ok,
-        &c.failed[..c.failed.len().min(5)]
-    );
 }
 
 /// Backends (host, fake-service env) behind Service `backend`, a rule with
@@ -824,96 +421,4 @@ pub async fn gauge_becomes(net: &Net, series: &str, want: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("{series} never became {want}; last: {last:?}");
-}
-
-/// Ends the whole test run, naming the tests' networks and logs still in
-/// use, when it has run far longer than it ever does (40 minutes; a whole run
-/// takes about ten on two cores; `MINIMESH_E2E_WATCHDOG_SECS` changes it): a
-/// test that hangs fails the run with its logs instead of running into CI's
-/// time limit unnamed. Every process the tests started is killed first, as
-/// their drops would have: left running, they would hold the run's output
-/// open.
-mod watchdog {
-    use std::collections::BTreeMap;
-    use std::io::Write;
-    use std::path::{Path, PathBuf};
-    use std::sync::{Mutex, Once};
-    use std::time::Duration;
-
-    static RUNNING: Mutex<BTreeMap<u8, PathBuf>> = Mutex::new(BTreeMap::new());
-    static START: Once = Once::new();
-
-    pub fn started(octet: u8, dir: &Path) {
-        RUNNING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(octet, dir.to_path_buf());
-        START.call_once(|| {
-            let secs = std::env::var("MINIMESH_E2E_WATCHDOG_SECS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(2400);
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs(secs));
-                let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-                // Straight to the run's stderr: eprintln! from a test's
-                // thread is captured with the test's output, never shown.
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(err, "e2e: still running after {secs} s, which no run takes; the tests on these networks hang (their logs are kept):");
-                for (octet, dir) in running.iter() {
-                    let _ = writeln!(err, "  127.1.{octet}.0/24  {}", dir.display());
-                    for log in std::fs::read_dir(dir.join("logs")).into_iter().flatten().flatten() {
-                        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-                        let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                        let _ = writeln!(err, "    {}:", log.path().display());
-                        for l in tail.iter().rev() {
-                            let _ = writeln!(err, "      {l}");
-                        }
-                    }
-                }
-                kill_descendants(std::process::id());
-                std::process::exit(101);
-            });
-        });
-    }
-
-    /// SIGKILLs every process descended from `pid`, children first found
-    /// from /proc (each one's parent is the fourth field of its `stat`).
-    fn kill_descendants(pid: u32) {
-        let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(child) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // pid (comm) state ppid ...: comm may hold spaces, so after ')'.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if let Some(ppid) = ppid {
-                parents.entry(ppid).or_default().push(child);
-            }
-        }
-        let mut stack = vec![pid];
-        while let Some(p) = stack.pop() {
-            for &c in parents.get(&p).map(Vec::as_slice).unwrap_or_default() {
-                stack.push(c);
-                let _ = std::process::Command::new("kill")
-                    .args(["-KILL", &c.to_string()])
-                    .status();
-            }
-        }
-    }
-
-    pub fn ended(octet: u8) {
-        RUNNING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&octet);
-    }
 }

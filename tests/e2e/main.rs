@@ -1,6 +1,14 @@
 //! End-to-end tests: real control plane, sidecars and fake-service backends
 //! on loopback, real HTTP and gRPC traffic.
 
+// Shared with the in-process tier.
+#[path = "../support/client.rs"]
+mod client;
+#[path = "../support/views.rs"]
+mod views;
+#[path = "../support/yaml.rs"]
+mod yaml;
+
 mod admission;
 mod authorization;
 mod balancing;
@@ -8,9 +16,8 @@ mod bench;
 mod capture;
 mod capture_rules;
 mod config;
-mod connection_pool;
+mod debug_views;
 mod deploy;
-mod edge;
 mod fake_kube;
 mod gateway_api;
 mod grpc_interop;
@@ -21,7 +28,6 @@ mod k8s_identity;
 mod kubernetes;
 mod load_reports;
 mod local_mesh;
-mod mtls;
 mod nack;
 mod pod_security;
 mod protocol;
@@ -31,8 +37,8 @@ mod resilience;
 mod routes;
 mod scope;
 mod slow_clients;
-mod timeouts;
 mod upstream_http;
 mod virtual_service;
+mod watchdog;
 mod xds_v3;
 mod xds_v3_envoy;

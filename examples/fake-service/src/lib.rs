@@ -71,10 +71,6 @@ pub struct Config {
     pub http_proxy: Option<SocketAddr>,
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// Parses a Go-style duration as fake-service takes them (`20ms`, `1.5s`, `1m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -104,6 +100,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 impl Config {
     /// Reads the settings from the environment, naming the variable on error.
     pub fn from_env() -> anyhow::Result<Config> {
+        Config::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings from variables looked up by `var` (the
+    /// environment's, or a test's own), naming the variable on error. A
+    /// variable set to blanks counts as unset.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let env = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let dur = |name: &str| -> anyhow::Result<Option<Duration>> {
             env(name)
                 .map(|v| parse_duration(&v).map_err(|e| anyhow::anyhow!("{name}: {e}")))

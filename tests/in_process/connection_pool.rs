@@ -68,7 +68,7 @@ fn rule(service: &str, traffic_policy: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_max_requests_per_connection_and_idle_timeout() {
-    let net = Net::new(81);
+    let net = Net::new(210);
     let reused = CountingServer::start(net.addr(1, 9090)).await;
     let capped = CountingServer::start(net.addr(2, 9090)).await;
     net.service("reused", &[1]);
@@ -120,7 +120,7 @@ async fn keep_alive_max_requests_per_connection_and_idle_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connection_duration_retires_old_connections() {
-    let net = Net::new(18);
+    let net = Net::new(211);
     let reused = CountingServer::start(net.addr(1, 9090)).await;
     let aged = CountingServer::start(net.addr(2, 9090)).await;
     net.service("reused", &[1]);
@@ -181,7 +181,7 @@ async fn hung_listener(addr: SocketAddr) -> (tokio::net::TcpListener, Vec<tokio:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_timeout_from_the_rule_moves_on_to_another_endpoint() {
-    let net = Net::new(82);
+    let net = Net::new(212);
     let _hung = hung_listener(net.addr(1, 9090)).await;
     let _good = net.backend(2, &[]).await;
     net.service("backend", &[1, 2]);
@@ -224,7 +224,7 @@ async fn connect_timeout_from_the_rule_moves_on_to_another_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_retries_bounds_retries_in_flight() {
-    let net = Net::new(83);
+    let net = Net::new(213);
     // Two endpoints that accept and never answer: every attempt times out.
     let mut silent = Vec::new();
     for host in [1, 2] {
@@ -269,4 +269,42 @@ async fn max_retries_bounds_retries_in_flight() {
     // (and times out too: 504), the other two are refused at once (503).
     assert_eq!(statuses, vec![503, 503, 504]);
     assert_eq!(overflowed, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflowing_the_connection_pool_is_answered_at_once_with_the_reason() {
+    let net = Net::new(214);
+    let _b = net.backend(1, &[("TIMING_50_PERCENTILE", "500ms")]).await;
+    net.service("backend", &[1]);
+    net.write(
+        "rule.yaml",
+        "apiVersion: minimesh.io/v1alpha1\nkind: DestinationRule\nmetadata: {name: backend-dr}\nspec:\n  host: backend\n  trafficPolicy:\n    connectionPool:\n      tcp: {maxConnections: 2}\n      http: {http1MaxPendingRequests: 2}\n",
+    );
+    let _cp = net.control_plane().await;
+    let _sc = net.sidecar(100, &[]).await;
+    let proxy = net.addr(100, 15001);
+    let slow: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { get(proxy, "backend", "/").await }))
+        .collect();
+    // The four in flight (and none answered: the backend takes 500 ms).
+    wait_sidecar(net.addr(100, 15000), Duration::from_secs(5), |v| {
+        v["clusters"]["backend.default.svc.cluster.local:80"]["endpoints"][0]["active"] == 4
+    })
+    .await;
+    let mut c = Conn::open(proxy).await.expect("connect");
+    let (status, _, body) = c.get("backend", "/").await.expect("response");
+    // Answered at once: before any of the four in flight was.
+    assert!(
+        slow.iter().all(|s| !s.is_finished()),
+        "the overflow waited for a request in flight to end"
+    );
+    assert_eq!(status, 503);
+    assert_eq!(body.trim(), "minimesh: cluster backend.default.svc.cluster.local:80 has 4 requests in flight (connectionPool limit)");
+    for s in slow {
+        let (status, _, _) = s.await.expect("join").expect("response");
+        assert_eq!(status, 200);
+    }
+    // Once they finish, requests are admitted again.
+    let (status, _, _) = c.get("backend", "/").await.expect("response");
+    assert_eq!(status, 200);
 }

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use super::harness::*;
+use crate::harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_timeout_ends_attempts_and_backoffs_with_504() {
-    let net = Net::new(131);
+    let net = Net::new(215);
     // An endpoint that accepts and never answers: every attempt waits.
     let listener = TcpListener::bind(net.addr(1, 9090)).await.expect("bind");
     let _silent = tokio::spawn(async move {
@@ -65,4 +65,55 @@ async fn the_request_timeout_ends_attempts_and_backoffs_with_504() {
             "{service}: answered after {took:?}, timeout {timeout:?}"
         );
     }
+}
+
+/// `--client-idle-timeout`: a client that holds a connection without
+/// sending a whole request head (headers that never end, or an idle
+/// keep-alive connection) is closed after it; a response that takes longer
+/// than it is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_send_no_request_are_closed_but_slow_responses_are_not() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let net = Net::new(216);
+    let _b = net.backend(1, &[("TIMING_50_PERCENTILE", "1200ms")]).await;
+    net.service("backend", &[1]);
+    let _cp = net.control_plane().await;
+    let _s = net.sidecar(100, &["--client-idle-timeout", "500ms"]).await;
+    let proxy = net.addr(100, 15001);
+    // Sends `bytes`; returns what came back and when the proxy closed.
+    let exchange = |bytes: &'static [u8]| async move {
+        let start = std::time::Instant::now();
+        let mut io = tokio::net::TcpStream::connect(proxy)
+            .await
+            .expect("connect");
+        io.write_all(bytes).await.expect("write");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), io.read_to_end(&mut got))
+            .await
+            .expect("the proxy closes the connection")
+            .expect("a clean close");
+        (start.elapsed(), String::from_utf8_lossy(&got).into_owned())
+    };
+
+    let (after, got) = exchange(b"").await;
+    assert_eq!(got, "", "a connection that sends nothing gets no answer");
+    assert!(
+        after >= Duration::from_millis(450) && after < Duration::from_secs(3),
+        "closed after {after:?}"
+    );
+
+    let (after, got) = exchange(b"GET / HTTP/1.1\r\nHost: backend\r\n").await;
+    assert_eq!(got, "", "headers that never end get no answer");
+    assert!(
+        after >= Duration::from_millis(450) && after < Duration::from_secs(3),
+        "closed after {after:?}"
+    );
+
+    // Answered after 1.2 s, then closed once idle for 0.5 s.
+    let (after, got) = exchange(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n").await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(
+        after >= Duration::from_millis(1600) && after < Duration::from_secs(5),
+        "closed after {after:?}"
+    );
 }
