@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use http::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::wire::{json_response, status_response};
-use super::{rbac, Body, FakeKube};
+use super::wire::{json_response, route, status_response};
+use super::{cluster_scoped, rbac, Body, FakeKube, COLLECTIONS};
 
 /// The test's kubectl: the cluster's admin.
 pub(super) const ADMIN_TOKEN: &str = "admin-token";
@@ -21,6 +21,44 @@ pub(super) const CONTROL_PLANE_USER: &str =
     "system:serviceaccount:minimesh-system:minimesh-control-plane";
 
 impl FakeKube {
+    /// With [`FakeKube::namespaced_roles`], a list or watch of a namespaced
+    /// kind across all namespaces: 403 whether or not the kind is served
+    /// (authorization comes before routing, as in the real server).
+    pub(super) fn cluster_wide_forbidden(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &BTreeMap<String, String>,
+    ) -> Option<Response<Body>> {
+        if !self
+            .namespaced_roles
+            .load(std::sync::atomic::Ordering::Relaxed)
+            || method != Method::GET
+        {
+            return None;
+        }
+        let Some((c, None, None, None)) = route(path) else {
+            return None;
+        };
+        if cluster_scoped(c) {
+            return None;
+        }
+        let (group, _, plural, _) = COLLECTIONS[c];
+        let verb = match query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            true => "watch",
+            false => "list",
+        };
+        let resource = match group {
+            "" => plural.to_string(),
+            g => format!("{plural}.{g}"),
+        };
+        Some(status_response(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            &format!("{resource} is forbidden: User \"{CONTROL_PLANE_USER}\" cannot {verb} resource \"{plural}\" in API group \"{group}\" at the cluster scope"),
+        ))
+    }
+
     /// Who sent `req`: `None` (401) for an unknown token. kubectl sends
     /// no credentials to a plain-HTTP server (the fake's), so a request
     /// without any is the admin's: the one liberty the fake takes, and one

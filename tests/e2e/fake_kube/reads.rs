@@ -1,14 +1,20 @@
 //! The fake's reads: a list (label and field selectors, kubectl's Table)
-//! and a watch from a resourceVersion, ended at its `timeoutSeconds`.
+//! a watch from a resourceVersion, ended at its `timeoutSeconds`; one
+//! object.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::wire::{api_version, json_response, label_match};
+use super::wire::{api_version, gone, json_response, label_match, status_response, watch_line};
 use super::{kubectl, Body, FakeKube, Watch, COLLECTIONS};
 
 impl FakeKube {
@@ -107,5 +113,76 @@ impl FakeKube {
                 "items": items
             }),
         )
+    }
+
+    fn watch(
+        &self,
+        mut w: Watch,
+        from: u64,
+        plural: &str,
+        ends: Option<Duration>,
+    ) -> Response<Body> {
+        let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        if let Some(after) = ends {
+            // Dropping the watch's sender ends its stream: the response ends.
+            let (inner, ending) = (self.inner.clone(), tx.downgrade());
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if let Some(tx) = ending.upgrade() {
+                    let mut inner = inner.lock().expect("lock");
+                    inner.watches.retain(|w| !w.tx.same_channel(&tx));
+                }
+            });
+        }
+        w.tx = tx;
+        let mut inner = self.inner.lock().expect("lock");
+        inner.log.push(match &w.namespace {
+            Some(ns) => format!("WATCH {plural} {from} in {ns}"),
+            None => format!("WATCH {plural} {from}"),
+        });
+        if from < inner.compacted {
+            let _ = w.tx.send(watch_line("ERROR", &gone(from, inner.compacted)));
+        } else {
+            for (rv, hc, kind, obj) in &inner.history {
+                if *rv > from && w.selects(*hc, obj) {
+                    let _ = w.tx.send(watch_line(kind, obj));
+                }
+            }
+            inner.watches.push(w);
+        }
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+            .map(|b| Ok::<_, Infallible>(Frame::data(b)));
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .expect("response")
+    }
+
+    /// GET of one object (or of its status subresource: the whole object
+    /// too), or its Table for kubectl.
+    pub(super) fn get_request(
+        &self,
+        c: usize,
+        ns: Option<String>,
+        name: &str,
+        table: bool,
+    ) -> Response<Body> {
+        let plural = COLLECTIONS[c].2;
+        let inner = self.inner.lock().expect("lock");
+        match inner
+            .objects
+            .get(&(c, ns.unwrap_or_default(), name.to_string()))
+        {
+            Some(o) if table => json_response(
+                StatusCode::OK,
+                &kubectl::table(c, std::slice::from_ref(o), inner.rv),
+            ),
+            Some(o) => json_response(StatusCode::OK, o),
+            None => status_response(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{plural} \"{name}\" not found"),
+            ),
+        }
     }
 }

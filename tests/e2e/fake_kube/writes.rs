@@ -15,6 +15,105 @@ use super::wire::{
 use super::{Body, FakeKube, COLLECTIONS, DEPLOYMENTS};
 
 impl FakeKube {
+    /// PUT (optimistic concurrency on resourceVersion) or PATCH (JSON
+    /// patch, merge patch, strategic merge patch) of an existing object.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn replace_or_patch(
+        &self,
+        c: usize,
+        ns: Option<String>,
+        name: String,
+        replace: bool,
+        body: &[u8],
+        patch_type: Option<PatchType>,
+        query: &BTreeMap<String, String>,
+    ) -> Response<Body> {
+        let plural = COLLECTIONS[c].2;
+        let Ok(body) = serde_json::from_slice::<Value>(body) else {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let key = (c, ns.unwrap_or_default(), name.clone());
+        let Some(current) = self.inner.lock().expect("lock").objects.get(&key).cloned() else {
+            return status_response(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{plural} \"{name}\" not found"),
+            );
+        };
+        let obj = if replace {
+            if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                return conflict(plural, &name);
+            }
+            body
+        } else {
+            match self.patched(c, &current, &body, patch_type) {
+                Ok(o) => o,
+                Err(r) => return r,
+            }
+        };
+        let verb = if replace { "REPLACE" } else { "PATCH" };
+        self.update(key, current, obj, verb, query).await
+    }
+
+    /// A merge patch of the status subresource: only `status` changes,
+    /// checked by the CRD's schema as any write.
+    pub(super) fn patch_status(
+        &self,
+        c: usize,
+        ns: Option<String>,
+        name: &str,
+        body: &[u8],
+    ) -> Response<Body> {
+        let plural = COLLECTIONS[c].2;
+        let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let mut inner = self.inner.lock().expect("lock");
+        inner.log.push(format!("PATCH-STATUS {plural} {name}"));
+        let key = (c, ns.unwrap_or_default(), name.to_string());
+        let Some(mut obj) = inner.objects.get(&key).cloned() else {
+            return status_response(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{plural} \"{name}\" not found"),
+            );
+        };
+        if let Some(status) = patch.get("status") {
+            merge(&mut obj["status"], status);
+        }
+        if let Some(crd) = self.crds.get(&c) {
+            crd.prune_and_default(&mut obj);
+            let errors = crd.validate(&obj, Some("status"));
+            if !errors.is_empty() {
+                return json_response(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &crd.invalid(name, &errors),
+                );
+            }
+        }
+        let obj = inner.commit(key, "MODIFIED", obj);
+        json_response(StatusCode::OK, &obj)
+    }
+
+    /// DELETE of one object: the object as it was, at the deletion's
+    /// resourceVersion.
+    pub(super) fn delete_request(
+        &self,
+        c: usize,
+        ns: Option<String>,
+        name: &str,
+    ) -> Response<Body> {
+        let mut inner = self.inner.lock().expect("lock");
+        let key = (c, ns.unwrap_or_default(), name.to_string());
+        match inner.objects.get(&key).cloned() {
+            Some(obj) => {
+                let obj = inner.commit(key, "DELETED", obj);
+                json_response(StatusCode::OK, &obj)
+            }
+            None => status_response(StatusCode::NOT_FOUND, "NotFound", "not found"),
+        }
+    }
+
     /// Creates `obj` in `ns`: decoded against its CRD's schema, admitted,
     /// stored; a Deployment's pods rolled out.
     pub(super) async fn create(
