@@ -24,6 +24,7 @@ mod grpc_interop;
 mod harness;
 mod hashing;
 mod inbound;
+mod injection;
 mod k8s_identity;
 mod kubernetes;
 mod load_reports;
