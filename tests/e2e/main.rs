@@ -13,6 +13,7 @@ mod admission;
 mod authorization;
 mod balancing;
 mod bench;
+mod bench_overhead;
 mod capture;
 mod capture_rules;
 mod config;
