@@ -151,7 +151,13 @@ pub struct FakeKube {
     /// The longest a watch stays open, in ms (0: its `timeoutSeconds`),
     /// so that a test sees clients watch again in seconds, not minutes.
     watch_cap_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// The period of a watch's BOOKMARKs, in ms: the real server's minute
+    /// unless a test shortens it ([`FakeKube::bookmark_every`]).
+    bookmark_every_ms: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// The API server's bookmark period (`defaultBookmarkFrequency`).
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
 /// The control plane's RBAC: `deploy/base/rbac.yaml`, or the file
 /// `MINIMESH_FAKE_RBAC` names (`scripts/rbac-rules-needed.sh` runs the tests
@@ -201,7 +207,9 @@ fn collection_of(api_version: &str, kind: &str) -> usize {
 }
 
 impl FakeKube {
-    /// Serves on `addr` until the test ends; sends bookmarks every 200 ms.
+    /// Serves on `addr` until the test ends; bookmarks each watch that asks
+    /// for them as the real server does (about a minute apart, and two
+    /// seconds before the watch's deadline).
     pub async fn start(addr: SocketAddr) -> FakeKube {
         Self::start_with(addr, false).await
     }
@@ -226,6 +234,7 @@ impl FakeKube {
             crds: Arc::new(crds()),
             applied: Arc::default(),
             watch_cap_ms: Arc::default(),
+            bookmark_every_ms: Arc::new((BOOKMARK_EVERY.as_millis() as u64).into()),
         };
         let f = fake.clone();
         tokio::spawn(async move {
@@ -247,12 +256,23 @@ impl FakeKube {
         });
         let f = fake.clone();
         tokio::spawn(async move {
+            // Which watches are due is checked often; each is sent one when
+            // due (the real server checks once a second).
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
             loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tick.tick().await;
                 f.bookmark();
             }
         });
         fake
+    }
+
+    /// The period between a watch's BOOKMARKs.
+    fn bookmark_period(&self) -> Duration {
+        Duration::from_millis(
+            self.bookmark_every_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// One request, as the real server takes it: throttling, then

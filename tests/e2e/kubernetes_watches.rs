@@ -15,6 +15,9 @@ use crate::kubernetes::{control_plane, rule, service, slice};
 async fn watches_relist_after_410_and_resume_from_bookmarks() {
     let net = Net::new(92);
     let fake = FakeKube::start(net.addr(250, 6443)).await;
+    // Bookmarks a fifth of a second apart, not a minute: the client's
+    // resourceVersion is kept current while the test waits.
+    fake.bookmark_every(Duration::from_millis(200));
     let _b: Vec<_> = futures_util::future::join_all((1..=2).map(|h| net.backend(h, &[]))).await;
     fake.apply(service("backend"));
     fake.apply(slice(&net, "backend", &[(1, true)]));
@@ -32,7 +35,16 @@ async fn watches_relist_after_410_and_resume_from_bookmarks() {
     // A dropped watch after history was compacted: bookmarks kept the
     // client's resourceVersion current, so it resumes without a relist.
     fake.churn_unwatched(50);
-    tokio::time::sleep(Duration::from_millis(800)).await; // a few bookmark periods
+    let rv = fake.resource_version();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !fake.bookmarked_at("endpointslices", rv) {
+        assert!(
+            Instant::now() < deadline,
+            "no bookmark at {rv}: {:#?}",
+            fake.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     fake.drop_watches_and_compact();
     fake.apply(slice(&net, "backend", &[(1, true), (2, true)]));
     wait_sidecar(admin, Duration::from_secs(10), |v| {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::auth::{ADMIN_TOKEN, CONTROL_PLANE_TOKEN};
 use super::wire::{gone, now, watch_line};
-use super::{cluster_scoped, collection_of, FakeKube};
+use super::{cluster_scoped, collection_of, FakeKube, COLLECTIONS};
 
 impl FakeKube {
     /// Writes a kubeconfig pointing at the fake, as the cluster's admin
@@ -101,6 +101,34 @@ impl FakeKube {
     pub fn cap_watches(&self, cap: Duration) {
         self.watch_cap_ms
             .store(cap.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// From now on, BOOKMARKs come `every` apart instead of the real
+    /// server's minute (the bookmark two seconds before a watch's deadline
+    /// stays), so that a test sees a client's resourceVersion kept current
+    /// in a second.
+    pub fn bookmark_every(&self, every: Duration) {
+        self.bookmark_every_ms.store(
+            every.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.inner.lock().expect("lock").rv
+    }
+
+    /// Whether every open watch of `plural` that asked for BOOKMARKs has
+    /// been sent one at `rv` or later.
+    pub fn bookmarked_at(&self, plural: &str, rv: u64) -> bool {
+        let inner = self.inner.lock().expect("lock");
+        let mut watches = inner
+            .watches
+            .iter()
+            .filter(|w| w.bookmarks && COLLECTIONS[w.c].2 == plural)
+            .peekable();
+        watches.peek().is_some() && watches.all(|w| w.bookmarked >= rv)
     }
 
     /// From now on, answers every `n`-th request `429 Too Many Requests`

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -45,6 +45,8 @@ impl FakeKube {
             .chain((cap > 0).then_some(cap))
             .min()
             .map(Duration::from_millis);
+        let now = Instant::now();
+        let deadline = ends.map(|e| now + e);
         self.watch(
             Watch {
                 c,
@@ -53,6 +55,8 @@ impl FakeKube {
                 namespace: ns,
                 name: only,
                 labels: query.get("labelSelector").cloned(),
+                next_bookmark: Watch::first_bookmark(now, self.bookmark_period(), deadline),
+                bookmarked: 0,
             },
             from,
             plural,
@@ -184,5 +188,94 @@ impl FakeKube {
                 &format!("{plural} \"{name}\" not found"),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+
+    use super::super::FakeKube;
+
+    /// The events of a watch of Services (`query` added), each with when
+    /// it came, until the server ends the watch.
+    async fn watch_events(fake: &FakeKube, query: &str) -> Vec<(Duration, String)> {
+        let stream = tokio::net::TcpStream::connect(fake.addr)
+            .await
+            .expect("connect");
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let req = http::Request::get(format!(
+            "/api/v1/namespaces/default/services?watch=true&resourceVersion=0&{query}"
+        ))
+        .header("host", "fake")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+        let started = Instant::now();
+        let mut body = send.send_request(req).await.expect("response").into_body();
+        let mut events = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.expect("frame").into_data() else {
+                continue;
+            };
+            for line in String::from_utf8_lossy(&data).lines() {
+                let v: serde_json::Value = serde_json::from_str(line).expect("an event");
+                events.push((
+                    started.elapsed(),
+                    v["type"].as_str().unwrap_or("").to_string(),
+                ));
+            }
+        }
+        events.push((started.elapsed(), "END".into()));
+        events
+    }
+
+    /// The API server's cadence (`cacheWatcher.nextBookmarkTime`): a watch
+    /// that allows bookmarks gets one two seconds before its deadline,
+    /// else about a minute apart; one that does not allow them gets none;
+    /// the watch ends at its `timeoutSeconds`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bookmarks_come_two_seconds_before_the_deadline_and_a_minute_apart() {
+        let fake = FakeKube::start(([127, 1, 151, 250], 6443).into()).await;
+        // A fake whose period a test shortened (the real one is 60 s).
+        let quick = FakeKube::start(([127, 1, 151, 251], 6443).into()).await;
+        quick.bookmark_every(Duration::from_millis(700));
+        let (near, without, far) = tokio::join!(
+            watch_events(&fake, "allowWatchBookmarks=true&timeoutSeconds=3"),
+            watch_events(&fake, "timeoutSeconds=3"),
+            watch_events(&quick, "allowWatchBookmarks=true&timeoutSeconds=4"),
+        );
+        // Near its deadline: one, two seconds before it; then the end.
+        let kinds: Vec<&str> = near.iter().map(|(_, k)| k.as_str()).collect();
+        assert_eq!(kinds, ["BOOKMARK", "END"], "{near:?}");
+        let (bookmark, end) = (near[0].0, near[1].0);
+        assert!(
+            bookmark >= Duration::from_millis(900) && bookmark < Duration::from_millis(2500),
+            "the bookmark came {bookmark:?} into a 3 s watch"
+        );
+        assert!(
+            end >= Duration::from_millis(2900) && end < Duration::from_secs(5),
+            "the watch ended after {end:?}"
+        );
+        // Without `allowWatchBookmarks`: none.
+        assert_eq!(without.len(), 1, "{without:?}");
+        // Far from its deadline: one period after it opened, the next a
+        // period later.
+        let at: Vec<Duration> = far
+            .iter()
+            .filter(|(_, k)| k == "BOOKMARK")
+            .map(|(t, _)| *t)
+            .collect();
+        assert!(at.len() >= 3, "{far:?}");
+        assert!(
+            at[0] >= Duration::from_millis(650) && at[1] - at[0] >= Duration::from_millis(650),
+            "{at:?}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! each change and bookmark reaches.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -22,9 +23,31 @@ pub(super) struct Watch {
     pub(super) name: Option<String>,
     /// Only objects whose labels match (`labelSelector`).
     pub(super) labels: Option<String>,
+    /// When its next BOOKMARK is due: a bookmark period after the last
+    /// one, or two seconds before its deadline if sooner (the API server's
+    /// `cacheWatcher.nextBookmarkTime`).
+    pub(super) next_bookmark: Instant,
+    /// The resourceVersion of the last BOOKMARK it was sent (0: none yet).
+    pub(super) bookmarked: u64,
 }
 
 impl Watch {
+    /// The first BOOKMARK's time of a watch opened at `now`, as the real
+    /// server schedules it: `every` later (about a minute there), or two
+    /// seconds before the watch's deadline if that is sooner, so that the
+    /// client has a current resourceVersion to watch again from.
+    pub(super) fn first_bookmark(
+        now: Instant,
+        every: Duration,
+        deadline: Option<Instant>,
+    ) -> Instant {
+        let heartbeat = now + every;
+        match deadline.map(|d| d.checked_sub(Duration::from_secs(2)).unwrap_or(now)) {
+            Some(before_deadline) if before_deadline < heartbeat => before_deadline,
+            _ => heartbeat,
+        }
+    }
+
     pub(super) fn selects(&self, c: usize, obj: &Value) -> bool {
         self.c == c
             && self
@@ -105,14 +128,19 @@ impl Inner {
 
 impl FakeKube {
     /// A BOOKMARK at the current resourceVersion to every watch that
-    /// asked for them; closed watches are dropped.
+    /// asked for them and is due one (see [`Watch::first_bookmark`]; the
+    /// next one is a period later); closed watches are dropped.
     pub(super) fn bookmark(&self) {
+        let every = self.bookmark_period();
+        let now = Instant::now();
         let mut inner = self.inner.lock().expect("lock");
         let rv = inner.rv;
-        inner.watches.retain(|w| {
-            if !w.bookmarks {
+        inner.watches.retain_mut(|w| {
+            if !w.bookmarks || now < w.next_bookmark {
                 return !w.tx.is_closed();
             }
+            w.next_bookmark = now + every;
+            w.bookmarked = rv;
             let (g, v, _, kind) = COLLECTIONS[w.c];
             let obj = json!({
                 "apiVersion": api_version(g, v), "kind": kind,
