@@ -28,6 +28,7 @@ mod admission;
 mod auth;
 mod controls;
 mod kubectl;
+mod managed;
 pub mod rbac;
 mod reads;
 mod rollout;
@@ -143,9 +144,9 @@ pub struct FakeKube {
     /// The CRDs of minimesh's kinds (`crds/`), by collection: their
     /// schemas prune, default and validate every write.
     crds: Arc<BTreeMap<usize, schema::Crd>>,
-    /// What each field manager last applied to each object (server-side
-    /// apply): (collection, namespace, name, manager) -> applied config.
-    applied: Arc<Mutex<BTreeMap<Managed, Value>>>,
+    /// Who owns each field of each object (server-side apply's managed
+    /// fields), by (collection, namespace, name).
+    owners: Arc<Mutex<BTreeMap<ObjectKey, managed::Owners>>>,
     /// Requests refused 403 by RBAC, with the server's message.
     denied: Arc<Mutex<Vec<String>>>,
     /// The longest a watch stays open, in ms (0: its `timeoutSeconds`),
@@ -155,6 +156,9 @@ pub struct FakeKube {
     /// unless a test shortens it ([`FakeKube::bookmark_every`]).
     bookmark_every_ms: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// An object's place: (collection, namespace, name).
+type ObjectKey = (usize, String, String);
 
 /// The API server's bookmark period (`defaultBookmarkFrequency`).
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
@@ -184,10 +188,6 @@ fn crds() -> BTreeMap<usize, schema::Crd> {
         })
         .collect()
 }
-
-/// An object's fields as one manager applied them: (collection,
-/// namespace, name, field manager).
-type Managed = (usize, String, String, String);
 
 /// Whose a token is: (namespace, service account, audiences).
 type TokenOwner = (String, String, Vec<String>);
@@ -232,7 +232,7 @@ impl FakeKube {
             rbac: Arc::new(rbac::Rbac::from_manifests(&rbac_manifests())),
             denied: Arc::default(),
             crds: Arc::new(crds()),
-            applied: Arc::default(),
+            owners: Arc::default(),
             watch_cap_ms: Arc::default(),
             bookmark_every_ms: Arc::new((BOOKMARK_EVERY.as_millis() as u64).into()),
         };
@@ -283,7 +283,7 @@ impl FakeKube {
         }
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let query: BTreeMap<String, String> = req
+        let mut query: BTreeMap<String, String> = req
             .uri()
             .query()
             .unwrap_or("")
@@ -291,6 +291,16 @@ impl FakeKube {
             .filter_map(|kv| kv.split_once('='))
             .map(|(k, v)| (k.to_string(), percent_decode(v)))
             .collect();
+        // A write's field manager: the one it names, else (but for an
+        // apply, which must name one) its User-Agent up to the first `/`,
+        // as the real server defaults it.
+        let user_agent = req
+            .headers()
+            .get("user-agent")
+            .and_then(|u| u.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let kubectl = user_agent.starts_with("kubectl/");
         // Authentication, then authorization, before routing, as the real
         // server: a request refused never reaches the storage.
         let Some(user) = Self::authenticate(&req) else {
@@ -308,6 +318,11 @@ impl FakeKube {
             .unwrap_or("")
             .to_string();
         let patch_type = PatchType::of(&content_type);
+        if patch_type != Some(PatchType::Apply) && !query.contains_key("fieldManager") {
+            let agent = user_agent.split('/').next().unwrap_or("");
+            let manager = if agent.is_empty() { "unknown" } else { agent };
+            query.insert("fieldManager".into(), manager.to_string());
+        }
         // `kubectl get` asks for a Table.
         let table = req
             .headers()
@@ -367,7 +382,7 @@ impl FakeKube {
             }
             // Server-side apply: creates the object when it is missing.
             (Method::PATCH, Some(name), None) if patch_type == Some(PatchType::Apply) => {
-                self.apply_patch(c, ns.unwrap_or_default(), name, &body, &query)
+                self.apply_patch(c, ns.unwrap_or_default(), name, &body, &query, kubectl)
                     .await
             }
             (method @ (Method::PUT | Method::PATCH), Some(name), None) => {

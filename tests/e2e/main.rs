@@ -39,6 +39,7 @@ mod replicas;
 mod resilience;
 mod routes;
 mod scope;
+mod server_side_apply;
 mod slow_clients;
 mod upstream_http;
 mod virtual_service;

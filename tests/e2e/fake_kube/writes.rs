@@ -2,7 +2,7 @@
 //! decoded against the kind's CRD (pruned, defaulted, validated), admitted
 //! by the webhooks, stored unless the object changed meanwhile; patches by
 //! their content type, with `resourceVersion` preconditions; server-side
-//! apply, with the fields each manager applied.
+//! apply, refused on another manager's fields unless forced (`managed.rs`).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::wire::{
     json_patch, json_response, merge, now, refused, status_response, strategic_merge, with_warnings,
 };
-use super::{Body, FakeKube, COLLECTIONS, DEPLOYMENTS};
+use super::{managed, Body, FakeKube, COLLECTIONS, DEPLOYMENTS};
 
 impl FakeKube {
     /// PUT (optimistic concurrency on resourceVersion) or PATCH (JSON
@@ -107,6 +107,7 @@ impl FakeKube {
         let key = (c, ns.unwrap_or_default(), name.to_string());
         match inner.objects.get(&key).cloned() {
             Some(obj) => {
+                self.owners.lock().expect("lock").remove(&key);
                 let obj = inner.commit(key, "DELETED", obj);
                 json_response(StatusCode::OK, &obj)
             }
@@ -146,7 +147,9 @@ impl FakeKube {
                 obj["metadata"]["generation"] = 1.into();
                 obj["metadata"]["uid"] = format!("uid-{}", inner.rv + 1).into();
                 obj["metadata"]["creationTimestamp"] = now().into();
-                Some(inner.commit(key, "ADDED", obj))
+                let obj = inner.commit(key.clone(), "ADDED", obj);
+                self.record_update(key, query, &Value::Null, &obj);
+                Some(obj)
             }
         };
         let Some(obj) = stored else {
@@ -207,7 +210,12 @@ impl FakeKube {
             {
                 None
             } else {
-                Some(inner.commit(key, "MODIFIED", obj))
+                let obj = inner.commit(key.clone(), "MODIFIED", obj);
+                // An apply's ownership is its own (`apply_patch`).
+                if verb != "APPLY" {
+                    self.record_update(key, query, &current, &obj);
+                }
+                Some(obj)
             }
         };
         let Some(obj) = stored else {
@@ -271,8 +279,11 @@ impl FakeKube {
     }
 
     /// Server-side apply of `body` (the manager's whole intent for the
-    /// object): created when missing; else the fields this manager applied
-    /// before and no longer lists are removed, and the rest merged in.
+    /// object): created when missing; else refused 409 if it would change
+    /// a field another manager owns (unless forced), and merged in, the
+    /// fields this manager applied before, no longer lists and alone owns
+    /// removed (`managed.rs`). With kubectl, client-side apply's fields are
+    /// first the applier's, as kubectl migrates them.
     pub(super) async fn apply_patch(
         &self,
         c: usize,
@@ -280,6 +291,7 @@ impl FakeKube {
         name: String,
         body: &[u8],
         query: &BTreeMap<String, String>,
+        kubectl: bool,
     ) -> Response<Body> {
         let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
             return status_response(
@@ -291,26 +303,64 @@ impl FakeKube {
         let Ok(config) = serde_saphyr::from_str::<Value>(&String::from_utf8_lossy(body)) else {
             return status_response(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML");
         };
+        let force = query.get("force").is_some_and(|f| f == "true");
         let key = (c, ns.clone(), name.clone());
-        let managed = (c, ns.clone(), name.clone(), manager);
         let current = self.inner.lock().expect("lock").objects.get(&key).cloned();
-        let previous = self.applied.lock().expect("lock").get(&managed).cloned();
-        let response = match current {
-            None => self.create(c, ns, config.clone(), query).await,
-            Some(current) => {
-                let mut obj = current.clone();
-                if let Some(previous) = previous {
-                    unapply(&mut obj, &previous, &config);
-                }
-                merge(&mut obj, &config);
-                self.update(key, current, obj, "APPLY", query).await
+        let Some(current) = current else {
+            let response = self.create(c, ns, config.clone(), query).await;
+            if response.status().is_success() {
+                let mut owners = managed::Owners::default();
+                owners.applied(&manager, &config, &Value::Null);
+                self.owners.lock().expect("lock").insert(key, owners);
             }
+            return response;
         };
-        // What the manager owns from now on: what it applied, once stored.
+        let mut owners = self
+            .owners
+            .lock()
+            .expect("lock")
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        if kubectl {
+            owners.migrate_client_side_apply(&manager);
+        }
+        let conflicts = owners.conflicts(&manager, &config, &current);
+        if !conflicts.is_empty() && !force {
+            return managed::conflict_response(&conflicts);
+        }
+        let mut obj = current.clone();
+        merge(&mut obj, &config);
+        for path in owners.applied(&manager, &config, &current) {
+            managed::remove(&mut obj, &path);
+        }
+        let response = self.update(key.clone(), current, obj, "APPLY", query).await;
+        // What each manager owns from now on, once stored.
         if response.status().is_success() {
-            self.applied.lock().expect("lock").insert(managed, config);
+            self.owners.lock().expect("lock").insert(key, owners);
         }
         response
+    }
+
+    /// An update's ownership: its field manager owns what it changed.
+    fn record_update(
+        &self,
+        key: (usize, String, String),
+        query: &BTreeMap<String, String>,
+        before: &Value,
+        after: &Value,
+    ) {
+        let manager = query.get("fieldManager").map_or("unknown", String::as_str);
+        let op = managed::Op::Update {
+            api_version: after["apiVersion"].as_str().unwrap_or("").to_string(),
+            time: now(),
+        };
+        self.owners
+            .lock()
+            .expect("lock")
+            .entry(key)
+            .or_default()
+            .updated(manager, op, before, after);
     }
 
     /// The server's decoding of a write of a custom resource: unknown
@@ -391,28 +441,6 @@ impl PatchType {
                 Some(PatchType::Apply)
             }
             _ => None,
-        }
-    }
-}
-
-/// Removes from `obj` the fields a manager applied before (`previous`)
-/// and no longer applies (`now`): server-side apply's ownership, for one
-/// manager per field.
-fn unapply(obj: &mut Value, previous: &Value, now: &Value) {
-    let (Some(o), Some(p)) = (obj.as_object_mut(), previous.as_object()) else {
-        return;
-    };
-    for (k, pv) in p {
-        match now.get(k) {
-            None => {
-                o.remove(k);
-            }
-            Some(nv) if pv.is_object() && nv.is_object() => {
-                if let Some(ov) = o.get_mut(k) {
-                    unapply(ov, pv, nv);
-                }
-            }
-            Some(_) => {}
         }
     }
 }
