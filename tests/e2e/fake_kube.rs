@@ -34,6 +34,7 @@ mod reads;
 mod rollout;
 pub mod schema;
 mod store;
+mod strategic;
 pub mod wire;
 mod writes;
 

@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use http::{Response, StatusCode};
 use serde_json::Value;
 
-use super::wire::{
-    json_patch, json_response, merge, now, refused, status_response, strategic_merge, with_warnings,
-};
+use super::strategic::strategic_merge;
+use super::wire::{json_patch, json_response, merge, now, refused, status_response, with_warnings};
 use super::{managed, Body, FakeKube, COLLECTIONS, DEPLOYMENTS};
 
 impl FakeKube {
@@ -254,14 +253,14 @@ impl FakeKube {
             }
             // Custom resources have no strategic merge patch: no Go struct
             // carries their merge keys.
-            Some(PatchType::Strategic) if self.crds.contains_key(&c) => {
+            Some(PatchType::Strategic) if !built_in(c) => {
                 return Err(status_response(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
                     "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
                 ));
             }
-            Some(PatchType::Strategic) => strategic_merge(&mut o, patch),
+            Some(PatchType::Strategic) => strategic_merge(COLLECTIONS[c].3, &mut o, patch),
             Some(PatchType::Merge) => merge(&mut o, patch),
             Some(PatchType::Apply) | None => {
                 return Err(status_response(
@@ -443,4 +442,17 @@ impl PatchType {
             _ => None,
         }
     }
+}
+
+/// Whether collection `c` is a built-in kind (a Go type, with strategic
+/// merge), not a custom resource (minimesh's, Istio's, the Gateway API's).
+fn built_in(c: usize) -> bool {
+    matches!(
+        COLLECTIONS[c].0,
+        "" | "apps"
+            | "discovery.k8s.io"
+            | "coordination.k8s.io"
+            | "admissionregistration.k8s.io"
+            | "events.k8s.io"
+    )
 }
