@@ -166,61 +166,133 @@ pub fn status_response(code: StatusCode, reason: &str, message: &str) -> Respons
     )
 }
 
-/// RFC 6902 JSON Patch, the operations admission webhooks send (`add`,
-/// `replace`, `remove`; `-` appends to an array).
+/// RFC 6902 JSON Patch, as the API server applies one (from a client's
+/// PATCH or an admission webhook's answer): `add`, `remove`, `replace`,
+/// `move`, `copy`, `test`, in order; the first that fails fails the whole
+/// patch, naming the operation's path and why.
 pub fn json_patch(target: &mut Value, ops: &[Value]) -> Result<(), String> {
     for op in ops {
         let path = op["path"].as_str().ok_or("an operation has no path")?;
-        let mut segments: Vec<String> = path
-            .split('/')
-            .skip(1)
-            .map(|s| s.replace("~1", "/").replace("~0", "~"))
-            .collect();
-        let last = segments
-            .pop()
-            .ok_or_else(|| format!("{path}: empty path"))?;
-        let mut parent = &mut *target;
-        for s in &segments {
-            parent = match parent {
-                Value::Object(m) => m.get_mut(s),
-                Value::Array(a) => s.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                _ => None,
+        let at = pointer(path)?;
+        let from = || {
+            op["from"]
+                .as_str()
+                .ok_or_else(|| format!("{path}: no from"))
+                .and_then(pointer)
+        };
+        match op["op"].as_str() {
+            Some("add") => add(
+                target,
+                &at,
+                op.get("value").ok_or(format!("{path}: no value"))?.clone(),
+            )
+            .map_err(|e| format!("{path}: {e}"))?,
+            Some("remove") => {
+                take(target, &at).map_err(|e| format!("{path}: {e}"))?;
             }
-            .ok_or_else(|| format!("{path}: {s} does not exist"))?;
-        }
-        let value = op["value"].clone();
-        match (op["op"].as_str(), parent) {
-            (Some("add" | "replace"), Value::Object(m)) => {
-                m.insert(last, value);
+            Some("replace") => {
+                let value = op.get("value").ok_or(format!("{path}: no value"))?.clone();
+                take(target, &at).map_err(|e| format!("{path}: {e}"))?;
+                add(target, &at, value).map_err(|e| format!("{path}: {e}"))?;
             }
-            (Some("add"), Value::Array(a)) if last == "-" => a.push(value),
-            (Some("add"), Value::Array(a)) => {
-                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
-                if i > a.len() {
-                    return Err(format!("{path}: index out of range"));
+            Some("move") => {
+                let from = from()?;
+                if at.len() > from.len() && at.starts_with(&from) {
+                    return Err(format!("{path}: a value cannot move into itself"));
                 }
-                a.insert(i, value);
+                let value = take(target, &from).map_err(|e| format!("{path}: from: {e}"))?;
+                add(target, &at, value).map_err(|e| format!("{path}: {e}"))?;
             }
-            (Some("replace"), Value::Array(a)) => {
-                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
-                *a.get_mut(i)
-                    .ok_or_else(|| format!("{path}: index out of range"))? = value;
+            Some("copy") => {
+                let value = get(target, &from()?)
+                    .ok_or(format!("{path}: from: does not exist"))?
+                    .clone();
+                add(target, &at, value).map_err(|e| format!("{path}: {e}"))?;
             }
-            (Some("remove"), Value::Object(m)) => {
-                m.remove(&last)
-                    .ok_or_else(|| format!("{path}: does not exist"))?;
-            }
-            (Some("remove"), Value::Array(a)) => {
-                let i: usize = last.parse().map_err(|_| format!("{path}: not an index"))?;
-                if i >= a.len() {
-                    return Err(format!("{path}: index out of range"));
+            Some("test") => {
+                if get(target, &at) != op.get("value") {
+                    return Err(format!("testing value {path} failed"));
                 }
-                a.remove(i);
             }
-            (op, _) => return Err(format!("{path}: unsupported operation {op:?}")),
+            other => return Err(format!("{path}: unsupported operation {other:?}")),
         }
     }
     Ok(())
+}
+
+/// An RFC 6901 JSON Pointer's reference tokens (`~1` is `/`, `~0` is `~`).
+fn pointer(p: &str) -> Result<Vec<String>, String> {
+    if p.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = p.strip_prefix('/') else {
+        return Err(format!("{p}: a JSON pointer starts with /"));
+    };
+    Ok(rest
+        .split('/')
+        .map(|s| s.replace("~1", "/").replace("~0", "~"))
+        .collect())
+}
+
+fn get<'a>(v: &'a Value, at: &[String]) -> Option<&'a Value> {
+    at.iter().try_fold(v, |v, s| match v {
+        Value::Object(m) => m.get(s),
+        Value::Array(a) => index(s).and_then(|i| a.get(i)),
+        _ => None,
+    })
+}
+
+/// An array index token: digits, no leading zero.
+fn index(s: &str) -> Option<usize> {
+    (s == "0" || !s.starts_with('0'))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+fn parent_of<'a>(v: &'a mut Value, at: &[String]) -> Result<&'a mut Value, String> {
+    let mut node = v;
+    for s in at {
+        node = match node {
+            Value::Object(m) => m.get_mut(s),
+            Value::Array(a) => index(s).and_then(|i| a.get_mut(i)),
+            _ => None,
+        }
+        .ok_or_else(|| format!("{s} does not exist"))?;
+    }
+    Ok(node)
+}
+
+fn add(v: &mut Value, at: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parents)) = at.split_last() else {
+        *v = value;
+        return Ok(());
+    };
+    match parent_of(v, parents)? {
+        Value::Object(m) => {
+            m.insert(last.clone(), value);
+        }
+        Value::Array(a) if last == "-" => a.push(value),
+        Value::Array(a) => match index(last) {
+            Some(i) if i <= a.len() => a.insert(i, value),
+            _ => return Err("index out of range".into()),
+        },
+        _ => return Err("the parent is not a container".into()),
+    }
+    Ok(())
+}
+
+fn take(v: &mut Value, at: &[String]) -> Result<Value, String> {
+    let Some((last, parents)) = at.split_last() else {
+        return Ok(std::mem::take(v));
+    };
+    match parent_of(v, parents)? {
+        Value::Object(m) => m.remove(last).ok_or_else(|| "does not exist".into()),
+        Value::Array(a) => match index(last) {
+            Some(i) if i < a.len() => Ok(a.remove(i)),
+            _ => Err("index out of range".into()),
+        },
+        _ => Err("does not exist".into()),
+    }
 }
 
 /// Whether `labels` match a label selector in kubectl's syntax (`k=v`,
@@ -288,4 +360,162 @@ pub fn bad_selector(selector: &str) -> Option<String> {
         return Some("unable to parse requirement: found '', expected: identifier".into());
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::{json_patch, merge};
+
+    /// Known answers: RFC 7386's Appendix A, every case.
+    #[test]
+    fn merge_patch_gives_rfc_7386s_results() {
+        let cases = [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a": "b"}), json!(["c"]), json!(["c"])),
+            (json!({"a": "foo"}), Value::Null, Value::Null),
+            (json!({"a": "foo"}), json!("bar"), json!("bar")),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ];
+        for (target, patch, want) in cases {
+            let mut got = target.clone();
+            merge(&mut got, &patch);
+            assert_eq!(got, want, "{target} + {patch}");
+        }
+    }
+
+    /// Known answers: RFC 6902's Appendix A (A.1 to A.16; A.13, a
+    /// document with a duplicate key, is no JSON serde reads).
+    #[test]
+    fn json_patch_gives_rfc_6902s_results() {
+        let ok = [
+            (
+                json!({"foo": "bar"}),
+                json!([{"op": "add", "path": "/baz", "value": "qux"}]),
+                json!({"baz": "qux", "foo": "bar"}),
+            ),
+            (
+                json!({"foo": ["bar", "baz"]}),
+                json!([{"op": "add", "path": "/foo/1", "value": "qux"}]),
+                json!({"foo": ["bar", "qux", "baz"]}),
+            ),
+            (
+                json!({"baz": "qux", "foo": "bar"}),
+                json!([{"op": "remove", "path": "/baz"}]),
+                json!({"foo": "bar"}),
+            ),
+            (
+                json!({"foo": ["bar", "qux", "baz"]}),
+                json!([{"op": "remove", "path": "/foo/1"}]),
+                json!({"foo": ["bar", "baz"]}),
+            ),
+            (
+                json!({"baz": "qux", "foo": "bar"}),
+                json!([{"op": "replace", "path": "/baz", "value": "boo"}]),
+                json!({"baz": "boo", "foo": "bar"}),
+            ),
+            (
+                json!({"foo": {"bar": "baz", "waldo": "fred"}, "qux": {"corge": "grault"}}),
+                json!([{"op": "move", "from": "/foo/waldo", "path": "/qux/thud"}]),
+                json!({"foo": {"bar": "baz"}, "qux": {"corge": "grault", "thud": "fred"}}),
+            ),
+            (
+                json!({"foo": ["all", "grass", "cows", "eat"]}),
+                json!([{"op": "move", "from": "/foo/1", "path": "/foo/3"}]),
+                json!({"foo": ["all", "cows", "eat", "grass"]}),
+            ),
+            (
+                json!({"baz": "qux", "foo": ["a", 2, "c"]}),
+                json!([{"op": "test", "path": "/baz", "value": "qux"}, {"op": "test", "path": "/foo/1", "value": 2}]),
+                json!({"baz": "qux", "foo": ["a", 2, "c"]}),
+            ),
+            (
+                json!({"foo": "bar"}),
+                json!([{"op": "add", "path": "/child", "value": {"grandchild": {}}}]),
+                json!({"foo": "bar", "child": {"grandchild": {}}}),
+            ),
+            (
+                json!({"foo": "bar"}),
+                json!([{"op": "add", "path": "/baz", "value": "qux", "xyz": 123}]),
+                json!({"foo": "bar", "baz": "qux"}),
+            ),
+            (
+                json!({"/": 9, "~1": 10}),
+                json!([{"op": "test", "path": "/~01", "value": 10}]),
+                json!({"/": 9, "~1": 10}),
+            ),
+            (
+                json!({"foo": ["bar"]}),
+                json!([{"op": "add", "path": "/foo/-", "value": ["abc", "def"]}]),
+                json!({"foo": ["bar", ["abc", "def"]]}),
+            ),
+        ];
+        for (target, patch, want) in ok {
+            let mut got = target.clone();
+            let ops = patch.as_array().expect("ops").clone();
+            json_patch(&mut got, &ops).unwrap_or_else(|e| panic!("{patch}: {e}"));
+            assert_eq!(got, want, "{patch}");
+        }
+        let refused = [
+            (
+                json!({"baz": "qux"}),
+                json!([{"op": "test", "path": "/baz", "value": "bar"}]),
+            ),
+            (
+                json!({"foo": "bar"}),
+                json!([{"op": "add", "path": "/baz/bat", "value": "qux"}]),
+            ),
+            (
+                json!({"/": 9, "~1": 10}),
+                json!([{"op": "test", "path": "/~01", "value": "10"}]),
+            ),
+        ];
+        for (target, patch) in refused {
+            let mut got = target.clone();
+            let ops = patch.as_array().expect("ops").clone();
+            assert!(
+                json_patch(&mut got, &ops).is_err(),
+                "{patch} applied: {got}"
+            );
+        }
+    }
 }
