@@ -199,38 +199,32 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
     }
     tokio::spawn(async move {
         let _open = open;
-        let io = if inbound {
-            match proxy
-                .tls
-                .accept_inbound(stream, peer, HANDSHAKE_TIMEOUT)
-                .await
-            {
-                Some(io) => io,
-                None => return,
-            }
-        } else {
-            crate::tls::Io::Plain(stream)
+        if !inbound {
+            // An outbound connection is plaintext: served on the TCP stream
+            // itself, with no TLS wrapper to go through on every read.
+            let Some(speaks) = first_bytes(&stream, &proxy, &mut shutdown).await else {
+                return;
+            };
+            let conn = Conn {
+                counted,
+                peer,
+                shutdown,
+                coarse,
+            };
+            return serve_http(stream, speaks, proxy, None, conn).await;
+        }
+        let Some(io) = proxy
+            .tls
+            .accept_inbound(stream, peer, HANDSHAKE_TIMEOUT)
+            .await
+        else {
+            return;
         };
         let speaks = match &io {
-            crate::tls::Io::Plain(tcp) => {
-                // Until the first bytes, the idle timeout and the drain are
-                // this wait's (hyper's own start with the connection).
-                let first = async {
-                    match proxy.client_idle_timeout {
-                        Some(idle) => tokio::time::timeout(idle, sniff::speaks(tcp)).await,
-                        None => Ok(sniff::speaks(tcp).await),
-                    }
-                };
-                let first = tokio::select! {
-                    first = first => first,
-                    _ = shutdown.wait_for(|s| *s) => return,
-                };
-                match first {
-                    Ok(Ok(Some(speaks))) => speaks,
-                    // Closed or failed before a byte, or silent too long.
-                    _ => return,
-                }
-            }
+            crate::tls::Io::Plain(tcp) => match first_bytes(tcp, &proxy, &mut shutdown).await {
+                Some(speaks) => speaks,
+                None => return,
+            },
             _ => Speaks::Unsure,
         };
         let conn = Conn {
@@ -241,6 +235,64 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, proxy: &Arc<Proxy>, on:
         };
         serve_http(io, speaks, proxy, None, conn).await;
     });
+}
+
+/// What a plaintext connection's first bytes say it speaks; None when it
+/// closed or failed before a byte, stayed silent past the client idle
+/// timeout, or the drain began meanwhile (until the first bytes, the idle
+/// timeout and the drain are this wait's; hyper's own start with the
+/// connection).
+async fn first_bytes(
+    tcp: &TcpStream,
+    proxy: &Proxy,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Speaks> {
+    let first = async {
+        match proxy.client_idle_timeout {
+            Some(idle) => tokio::time::timeout(idle, sniff::speaks(tcp)).await,
+            None => Ok(sniff::speaks(tcp).await),
+        }
+    };
+    let first = tokio::select! {
+        first = first => first,
+        _ = shutdown.wait_for(|s| *s) => return None,
+    };
+    match first {
+        Ok(Ok(Some(speaks))) => Some(speaks),
+        _ => None,
+    }
+}
+
+/// A client connection as [`serve_http`] serves it: bytes both ways, and
+/// what its transport says of the client. A plain TCP stream (outbound)
+/// or the TLS-or-plaintext [`crate::tls::Io`] (inbound, captured).
+pub(crate) trait ClientIo:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+    /// Plaintext (no TLS).
+    fn plaintext(&self) -> bool;
+    /// The SPIFFE identity a mutual TLS client proved.
+    fn peer_identity(&self) -> Option<String>;
+}
+
+impl ClientIo for TcpStream {
+    fn plaintext(&self) -> bool {
+        true
+    }
+
+    fn peer_identity(&self) -> Option<String> {
+        None
+    }
+}
+
+impl ClientIo for crate::tls::Io {
+    fn plaintext(&self) -> bool {
+        matches!(self, crate::tls::Io::Plain(_))
+    }
+
+    fn peer_identity(&self) -> Option<String> {
+        crate::tls::Io::peer_identity(self)
+    }
 }
 
 /// What serving one connection takes besides the connection and its proxy.
@@ -254,8 +306,8 @@ struct Conn {
 /// Serves HTTP on `io` with `proxy`, in the version `speaks` says; `dst`,
 /// a captured connection's original destination, routes each request to
 /// that Service address's cluster.
-async fn serve_http(
-    io: crate::tls::Io,
+async fn serve_http<I: ClientIo>(
+    io: I,
     speaks: Speaks,
     proxy: Arc<Proxy>,
     dst: Option<SocketAddr>,
@@ -270,7 +322,7 @@ async fn serve_http(
     // A plaintext inbound connection (PERMISSIVE) ends when the mode
     // becomes STRICT, as at shutdown.
     let closes_on_strict =
-        (proxy.inbound && matches!(io, crate::tls::Io::Plain(_))).then(|| proxy.tls.clone());
+        (proxy.inbound && io.plaintext()).then(|| proxy.tls.clone());
     // Who the mutual TLS peer is, once per connection, for an inbound
     // listener's authorization.
     let caller: Option<Arc<str>> = match proxy.authz {
