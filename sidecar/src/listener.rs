@@ -321,8 +321,7 @@ async fn serve_http<I: ClientIo>(
     } = conn;
     // A plaintext inbound connection (PERMISSIVE) ends when the mode
     // becomes STRICT, as at shutdown.
-    let closes_on_strict =
-        (proxy.inbound && io.plaintext()).then(|| proxy.tls.clone());
+    let closes_on_strict = (proxy.inbound && io.plaintext()).then(|| proxy.tls.clone());
     // Who the mutual TLS peer is, once per connection, for an inbound
     // listener's authorization.
     let caller: Option<Arc<str>> = match proxy.authz {
