@@ -23,6 +23,9 @@ mod client;
 #[path = "../tests/e2e/harness.rs"]
 mod harness;
 #[allow(dead_code, unused_imports)]
+#[path = "../tests/support/loopback.rs"]
+mod loopback;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/support/views.rs"]
 mod views;
 #[allow(dead_code, unused_imports)]

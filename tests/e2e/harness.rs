@@ -3,7 +3,7 @@
 //! run in parallel on fixed ports without colliding, and beside a demo or a
 //! benchmark (those use 127.0.n.x) on the same machine.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use crate::client::{assert_no_failures, get, get_json, load, wait_http, Background, Conn};
-pub use crate::views::{endpoints_of, policy_of, poll_json, wait_sidecar, weights_of};
+pub use crate::loopback::{backend_weights, wait_cp_config, wait_cp_json, Loopback};
+pub use crate::views::{endpoints_of, policy_of, wait_sidecar};
 pub use crate::yaml::{endpoint_yaml, service_yaml, NS};
 
 /// A child process killed (SIGKILL) when dropped.
@@ -98,6 +99,16 @@ pub fn bin(name: &str) -> &'static str {
     }
 }
 
+impl Loopback for Net {
+    fn octet(&self) -> u8 {
+        self.octet
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.join("config")
+    }
+}
+
 impl Net {
     pub fn new(octet: u8) -> Net {
         let dir = std::env::temp_dir().join(format!("minimesh-e2e-{octet}-{}", std::process::id()));
@@ -110,26 +121,6 @@ impl Net {
             dir,
             end_checks: Default::default(),
         }
-    }
-
-    pub fn ip(&self, host: u8) -> Ipv4Addr {
-        Ipv4Addr::new(127, 1, self.octet, host)
-    }
-
-    pub fn addr(&self, host: u8, port: u16) -> SocketAddr {
-        SocketAddr::from((self.ip(host), port))
-    }
-
-    pub fn config(&self) -> PathBuf {
-        self.dir.join("config")
-    }
-
-    pub fn cp_admin(&self) -> SocketAddr {
-        self.addr(254, 15014)
-    }
-
-    pub fn cp_xds(&self) -> SocketAddr {
-        self.addr(254, 15010)
     }
 
     pub fn spawn(
@@ -243,48 +234,6 @@ impl Net {
         wait_http(self.addr(host, port), "/health").await;
         p
     }
-
-    /// A sidecar's flags for an inbound listener at .host:9090 in front of
-    /// the app at .host:8080 ([`Net::app`]).
-    pub fn inbound_flags(&self, host: u8) -> [String; 4] {
-        [
-            "--inbound".into(),
-            self.addr(host, 9090).to_string(),
-            "--app".into(),
-            self.addr(host, 8080).to_string(),
-        ]
-    }
-
-    /// Writes `name.yaml` into the config directory atomically.
-    pub fn write(&self, name: &str, text: &str) {
-        let path = self.config().join(name);
-        let tmp = self.config().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, &path).expect("rename");
-    }
-
-    pub fn remove(&self, name: &str) {
-        std::fs::remove_file(self.config().join(name)).expect("remove");
-    }
-
-    /// Writes a Service `name` (port 80) and its EndpointSlice with backends at `hosts` (:9090).
-    pub fn service(&self, name: &str, hosts: &[u8]) {
-        self.write(
-            &format!("svc-{name}.yaml"),
-            &service_yaml(
-                name,
-                &hosts
-                    .iter()
-                    .map(|h| (self.ip(*h), format!("{name}-{h}")))
-                    .collect::<Vec<_>>(),
-            ),
-        );
-    }
-
-    /// Writes a DestinationRule for `service`.
-    pub fn rule(&self, file: &str, service: &str, load_balancer: &str) {
-        self.write(file, &crate::yaml::rule_yaml(service, load_balancer));
-    }
 }
 
 impl Net {
@@ -318,43 +267,6 @@ impl Drop for Net {
             eprintln!("logs kept in {}", self.dir.display());
         }
     }
-}
-
-/// Waits until `pred` holds on the control plane's /debug/config (up to
-/// 5 s); returns the config that matched.
-pub async fn wait_cp_config(
-    net: &Net,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_cp_json(net, "/debug/config", Duration::from_secs(5), pred).await
-}
-
-/// Polls the control plane's admin `path` (JSON) until `pred` holds (up to
-/// 10 s); returns the value that matched.
-pub async fn wait_cp_json(
-    net: &Net,
-    path: &str,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_cp_json(net, path, Duration::from_secs(10), pred).await
-}
-
-/// Polls the control plane's admin `path` (JSON) until `pred` holds, up
-/// to `within`; returns the value that matched.
-pub async fn poll_cp_json(
-    net: &Net,
-    path: &str,
-    within: Duration,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_json(net.cp_admin(), path, within, pred).await
-}
-
-/// The weights of `backend`'s endpoints on hosts 1, 2 and 3 (0 for one not
-/// listed), from a cluster entry of a control plane's /debug/endpoints or a
-/// sidecar's /debug/config.
-pub fn backend_weights(cluster: &serde_json::Value, net: &Net) -> Vec<u64> {
-    weights_of(cluster, (1..=3).map(|h| net.addr(h, 9090)))
 }
 
 pub fn path_str(p: &Path) -> String {

@@ -4,6 +4,8 @@
 // Shared with the in-process tier.
 #[path = "../support/client.rs"]
 mod client;
+#[path = "../support/loopback.rs"]
+mod loopback;
 #[path = "../support/views.rs"]
 mod views;
 #[path = "../support/yaml.rs"]

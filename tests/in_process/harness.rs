@@ -7,15 +7,14 @@
 //! test's runtime. Nothing here is process-wide: two tests run side by
 //! side, each on its own `127.1.N.0/24`.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Parser;
 
 pub use crate::client::{assert_no_failures, get, get_json, load, wait_http, Conn};
-pub use crate::views::{endpoints_of, policy_of, poll_json, wait_sidecar, weights_of};
-pub use crate::yaml::{service_yaml, NS};
+pub use crate::loopback::{backend_weights, poll_cp_json, wait_cp_config, wait_cp_json, Loopback};
+pub use crate::views::{endpoints_of, policy_of, wait_sidecar};
+pub use crate::yaml::NS;
 
 /// One test's network and config directory, removed at its end (kept, and
 /// named, when the test failed).
@@ -62,6 +61,16 @@ impl Drop for App {
     }
 }
 
+impl Loopback for Net {
+    fn octet(&self) -> u8 {
+        self.octet
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.join("config")
+    }
+}
+
 impl Net {
     pub fn new(octet: u8) -> Net {
         assert!(
@@ -75,26 +84,6 @@ impl Net {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("config")).expect("config dir");
         Net { octet, dir }
-    }
-
-    pub fn ip(&self, host: u8) -> Ipv4Addr {
-        Ipv4Addr::new(127, 1, self.octet, host)
-    }
-
-    pub fn addr(&self, host: u8, port: u16) -> SocketAddr {
-        SocketAddr::from((self.ip(host), port))
-    }
-
-    pub fn config(&self) -> PathBuf {
-        self.dir.join("config")
-    }
-
-    pub fn cp_admin(&self) -> SocketAddr {
-        self.addr(254, 15014)
-    }
-
-    pub fn cp_xds(&self) -> SocketAddr {
-        self.addr(254, 15010)
     }
 
     /// Starts the control plane on the config directory and waits until
@@ -198,44 +187,6 @@ impl Net {
         wait_http(self.addr(host, port), "/health").await;
         App { task }
     }
-
-    /// A sidecar's flags for an inbound listener at .host:9090 in front of
-    /// the app at .host:8080 ([`Net::app`]).
-    pub fn inbound_flags(&self, host: u8) -> [String; 4] {
-        [
-            "--inbound".into(),
-            self.addr(host, 9090).to_string(),
-            "--app".into(),
-            self.addr(host, 8080).to_string(),
-        ]
-    }
-
-    /// Writes `name` into the config directory atomically.
-    pub fn write(&self, name: &str, text: &str) {
-        let path = self.config().join(name);
-        let tmp = self.config().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, &path).expect("rename");
-    }
-
-    pub fn remove(&self, name: &str) {
-        std::fs::remove_file(self.config().join(name)).expect("remove");
-    }
-
-    /// Writes a Service `name` (port 80) and its EndpointSlice with
-    /// endpoints at `hosts` (:9090).
-    pub fn service(&self, name: &str, hosts: &[u8]) {
-        let endpoints: Vec<_> = hosts
-            .iter()
-            .map(|h| (self.ip(*h), format!("{name}-{h}")))
-            .collect();
-        self.write(&format!("svc-{name}.yaml"), &service_yaml(name, &endpoints));
-    }
-
-    /// Writes a DestinationRule for `service` with this load balancer.
-    pub fn rule(&self, file: &str, service: &str, load_balancer: &str) {
-        self.write(file, &crate::yaml::rule_yaml(service, load_balancer));
-    }
 }
 
 impl Drop for Net {
@@ -246,49 +197,6 @@ impl Drop for Net {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// Polls the control plane's /debug/config until `pred` holds (up to
-/// 5 s); returns the config that matched.
-pub async fn wait_cp_config(
-    net: &Net,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_json(
-        net.cp_admin(),
-        "/debug/config",
-        Duration::from_secs(5),
-        pred,
-    )
-    .await
-}
-
-/// Polls the control plane's admin `path` (JSON) until `pred` holds (up to
-/// 10 s); returns the value that matched.
-pub async fn wait_cp_json(
-    net: &Net,
-    path: &str,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_json(net.cp_admin(), path, Duration::from_secs(10), pred).await
-}
-
-/// Polls the control plane's admin `path` (JSON) until `pred` holds, up
-/// to `within`; returns the value that matched.
-pub async fn poll_cp_json(
-    net: &Net,
-    path: &str,
-    within: Duration,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    poll_json(net.cp_admin(), path, within, pred).await
-}
-
-/// The weights of `backend`'s endpoints on hosts 1, 2 and 3 (0 for one not
-/// listed), from a cluster entry of a control plane's /debug/endpoints or a
-/// sidecar's /debug/config.
-pub fn backend_weights(cluster: &serde_json::Value, net: &Net) -> Vec<u64> {
-    weights_of(cluster, (1..=3).map(|h| net.addr(h, 9090)))
 }
 
 /// What every control plane and sidecar of this process logged so far, as

@@ -12,6 +12,9 @@
 #[path = "../support/client.rs"]
 mod client;
 #[allow(dead_code)]
+#[path = "../support/loopback.rs"]
+mod loopback;
+#[allow(dead_code)]
 #[path = "../support/views.rs"]
 mod views;
 #[allow(dead_code)]
