@@ -156,15 +156,7 @@ impl Net {
 
     /// The same, with extra flags.
     pub async fn control_plane_with(&self, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            "--config-dir".to_string(),
-            self.config().display().to_string(),
-            "--xds-addr".into(),
-            self.cp_xds().to_string(),
-            "--admin-addr".into(),
-            self.cp_admin().to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        let args = self.control_plane_flags(extra);
         let p = self.spawn("control-plane", "control-plane", &args, &[]);
         wait_http(self.cp_admin(), "/readyz").await;
         p
@@ -186,19 +178,7 @@ impl Net {
     }
 
     async fn sidecar_at(&self, host: u8, xds: SocketAddr, namespace: &str, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            "--xds-addr".to_string(),
-            format!("http://{xds}"),
-            "--workload".into(),
-            format!("client-{host}"),
-            "--namespace".into(),
-            namespace.into(),
-            "--outbound".into(),
-            self.addr(host, 15001).to_string(),
-            "--admin".into(),
-            self.addr(host, 15000).to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        let args = self.sidecar_flags(host, &format!("http://{xds}"), namespace, extra);
         let p = self.spawn(&format!("sidecar-{host}"), "sidecar", &args, &[]);
         wait_http(self.addr(host, 15000), "/ready").await;
         p

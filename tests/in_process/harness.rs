@@ -94,15 +94,7 @@ impl Net {
 
     /// The same, with extra flags.
     pub async fn control_plane_with(&self, extra: &[&str]) -> ControlPlane {
-        let mut flags = vec![
-            "--config-dir".to_string(),
-            self.config().display().to_string(),
-            "--xds-addr".into(),
-            self.cp_xds().to_string(),
-            "--admin-addr".into(),
-            self.cp_admin().to_string(),
-        ];
-        flags.extend(extra.iter().map(|s| s.to_string()));
+        let flags = self.control_plane_flags(extra);
         capture_logs();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let args = parse("control-plane", &flags);
@@ -126,19 +118,8 @@ impl Net {
 
     /// A sidecar of a workload in `namespace`.
     pub async fn sidecar_in(&self, host: u8, namespace: &str, extra: &[&str]) -> Sidecar {
-        let mut flags = vec![
-            "--xds-addr".to_string(),
-            format!("http://{}", self.cp_xds()),
-            "--workload".into(),
-            format!("client-{host}"),
-            "--namespace".into(),
-            namespace.into(),
-            "--outbound".into(),
-            self.addr(host, 15001).to_string(),
-            "--admin".into(),
-            self.addr(host, 15000).to_string(),
-        ];
-        flags.extend(extra.iter().map(|s| s.to_string()));
+        let xds = format!("http://{}", self.cp_xds());
+        let flags = self.sidecar_flags(host, &xds, namespace, extra);
         self.sidecar_with(host, &flags).await
     }
 

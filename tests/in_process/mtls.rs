@@ -130,20 +130,9 @@ impl Mesh {
 /// A sidecar at .host (outbound :15001, admin :15000) taking its config
 /// over TLS, once ready.
 pub(crate) async fn sidecar(net: &Net, host: u8, extra: &[&str]) -> Sidecar {
-    let mut args = vec![
-        "--xds-addr".to_string(),
-        format!("https://{}", net.cp_xds()),
-        "--workload".into(),
-        format!("pod-{host}"),
-        "--namespace".into(),
-        NS.into(),
-        "--outbound".into(),
-        net.addr(host, 15001).to_string(),
-        "--admin".into(),
-        net.addr(host, 15000).to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    net.sidecar_with(host, &args).await
+    let xds = format!("https://{}", net.cp_xds());
+    net.sidecar_with(host, &net.sidecar_flags(host, &xds, NS, extra))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

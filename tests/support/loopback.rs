@@ -36,6 +36,41 @@ pub trait Loopback {
         self.addr(254, 15010)
     }
 
+    /// The control plane's flags: this network's config directory and
+    /// addresses, then `extra`.
+    fn control_plane_flags(&self, extra: &[&str]) -> Vec<String> {
+        let mut flags = vec![
+            "--config-dir".to_string(),
+            self.config().display().to_string(),
+            "--xds-addr".into(),
+            self.cp_xds().to_string(),
+            "--admin-addr".into(),
+            self.cp_admin().to_string(),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        flags
+    }
+
+    /// The flags of a sidecar of workload `client-{host}` in `namespace`
+    /// at .host (outbound :15001, admin :15000) taking its config from
+    /// `xds` (`http://` or `https://`), then `extra`.
+    fn sidecar_flags(&self, host: u8, xds: &str, namespace: &str, extra: &[&str]) -> Vec<String> {
+        let mut flags = vec![
+            "--xds-addr".to_string(),
+            xds.to_string(),
+            "--workload".into(),
+            format!("client-{host}"),
+            "--namespace".into(),
+            namespace.into(),
+            "--outbound".into(),
+            self.addr(host, 15001).to_string(),
+            "--admin".into(),
+            self.addr(host, 15000).to_string(),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        flags
+    }
+
     /// A sidecar's flags for an inbound listener at .host:9090 in front of
     /// the app at .host:8080.
     fn inbound_flags(&self, host: u8) -> [String; 4] {
