@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 use crate::proxy::Proxy;
 
 pub mod captured;
+mod client_io;
 mod detect;
 mod drain;
 mod idle;
@@ -23,6 +24,7 @@ mod orig_dst;
 mod sniff;
 pub(crate) mod sockets;
 use captured::Capture;
+use client_io::ClientIo;
 use drain::{Drain, Drained, Graceful};
 use sniff::Speaks;
 
@@ -260,38 +262,6 @@ async fn first_bytes(
     match first {
         Ok(Ok(Some(speaks))) => Some(speaks),
         _ => None,
-    }
-}
-
-/// A client connection as [`serve_http`] serves it: bytes both ways, and
-/// what its transport says of the client. A plain TCP stream (outbound)
-/// or the TLS-or-plaintext [`crate::tls::Io`] (inbound, captured).
-pub(crate) trait ClientIo:
-    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
-{
-    /// Plaintext (no TLS).
-    fn plaintext(&self) -> bool;
-    /// The SPIFFE identity a mutual TLS client proved.
-    fn peer_identity(&self) -> Option<String>;
-}
-
-impl ClientIo for TcpStream {
-    fn plaintext(&self) -> bool {
-        true
-    }
-
-    fn peer_identity(&self) -> Option<String> {
-        None
-    }
-}
-
-impl ClientIo for crate::tls::Io {
-    fn plaintext(&self) -> bool {
-        matches!(self, crate::tls::Io::Plain(_))
-    }
-
-    fn peer_identity(&self) -> Option<String> {
-        crate::tls::Io::peer_identity(self)
     }
 }
 
